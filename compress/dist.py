@@ -1,0 +1,183 @@
+"""The one distributed code path: DDP over torch.distributed, launched by torchrun's elastic launcher.
+
+Workers learn rank and world size from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...); a plain
+`compress run` is a world of one and needs no process group. Every rank computes and meets every barrier;
+only rank 0 writes files and shows progress. Decisions that must agree (which stage to skip, an error found
+while reading inputs) are made on rank 0 and broadcast, so all ranks raise the same error together instead
+of some of them waiting forever at the next collective.
+"""
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as tdist
+
+from compress.errors import CompressError, InputError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    local_world: int = 1
+    device: torch.device = torch.device("cpu")
+    backend: str = ""  # "" when there is no process group
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+    @property
+    def distributed(self):
+        return self.world > 1
+
+
+def launched_by_torchrun():
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def _env_int(name, default):
+    return int(os.environ.get(name, default))
+
+
+def pick_device(preference, local_rank):
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto")
+    if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def process_group(device_preference="auto", threads=None, timeout_minutes=30):
+    """Set up the process group for this worker (if world > 1) and always tear it down, also on error."""
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
+    device = pick_device(device_preference, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
+    backend = ""
+    if world > 1:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs = {"device_id": device} if backend == "nccl" else {}
+        tdist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes), **kwargs)
+    env = DistEnv(rank, world, local_rank, local_world, device, backend)
+    try:
+        yield env
+    finally:
+        if tdist.is_available() and tdist.is_initialized():
+            tdist.destroy_process_group()
+
+
+def barrier(env):
+    if env.distributed:
+        if env.backend == "nccl":
+            tdist.barrier(device_ids=[env.device.index])
+        else:
+            tdist.barrier()
+
+
+def _comm(env, tensor):
+    """Collectives on nccl need CUDA tensors; gloo takes CPU tensors."""
+    return tensor.to(env.device) if env.backend == "nccl" else tensor
+
+
+def all_reduce(env, tensor, op="sum"):
+    """All-reduce a CPU tensor (sum or max) and return it on the CPU."""
+    if not env.distributed:
+        return tensor
+    t = _comm(env, tensor.clone())
+    tdist.all_reduce(t, op=tdist.ReduceOp.SUM if op == "sum" else tdist.ReduceOp.MAX)
+    return t.cpu()
+
+
+def broadcast_tensor(env, tensor):
+    if not env.distributed:
+        return tensor
+    t = _comm(env, tensor.clone())
+    tdist.broadcast(t, src=0)
+    return t.cpu()
+
+
+def broadcast_json(env, obj=None):
+    """Rank 0's JSON-able `obj`, on every rank (JSON bytes in a tensor: no pickle)."""
+    if not env.distributed:
+        return obj
+    data = json.dumps(obj).encode() if env.is_main else b""
+    size = broadcast_tensor(env, torch.tensor([len(data)], dtype=torch.long))
+    buf = torch.zeros(int(size.item()), dtype=torch.uint8)
+    if env.is_main:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return json.loads(bytes(broadcast_tensor(env, buf).numpy().tobytes()).decode())
+
+
+class MirroredError(CompressError):
+    """Rank 0's error, raised on the other ranks too; only rank 0 prints it."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def on_main(env, fn, *args, **kwargs):
+    """Run `fn` on rank 0 only and hand its JSON-able result to every rank. A CompressError raised by `fn`
+    is raised on every rank, so no rank is left waiting at a collective."""
+    result, error = None, None
+    if env.is_main:
+        try:
+            result = fn(*args, **kwargs)
+        except CompressError as e:
+            error = e
+    if not env.distributed:
+        if error:
+            raise error
+        return result
+    message = broadcast_json(env, {"result": result} if error is None else
+                             {"error": str(error), "exit_code": error.exit_code})
+    if error is not None:
+        raise error
+    if "error" in message:
+        raise MirroredError(message["error"], message["exit_code"])
+    return message["result"]
+
+
+def replica_mismatches(env, module, buffers=True):
+    """Names of parameters (and buffers) that differ from rank 0's copy; [] on every rank when all agree."""
+    if not env.distributed:
+        return []
+    named = list(module.named_parameters()) + (list(module.named_buffers()) if buffers else [])
+    bad = []
+    for name, value in named:
+        mine = value.detach().float().cpu() if value.is_floating_point() else value.detach().cpu()
+        theirs = broadcast_tensor(env, mine)
+        differs = torch.tensor([0 if torch.equal(mine, theirs) else 1], dtype=torch.long)
+        if all_reduce(env, differs, op="max").item():
+            bad.append(name)
+    return bad
+
+
+def per_rank_batch(global_batch, env, key):
+    """The global batch size split evenly over the processes."""
+    if global_batch % env.world:
+        raise InputError(f"{key}={global_batch} does not split evenly over {env.world} processes; "
+                         f"use a multiple of {env.world}")
+    return global_batch // env.world
+
+
+def wrap_ddp(model, env, **kwargs):
+    """DDP around an already-placed model when distributed; the model itself otherwise."""
+    if not env.distributed:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [env.device.index] if env.device.type == "cuda" else None
+    return DDP(model, device_ids=ids, **kwargs)

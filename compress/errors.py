@@ -1,0 +1,46 @@
+"""Errors meant for users: one sentence, an exit code, no traceback (unless --debug)."""
+
+EXIT_FAILED = 1  # a stage ran and failed its own check (accuracy budget, NaN loss, parity)
+EXIT_BAD_INPUT = 2  # bad config, CLI argument, path, checkpoint, image
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM; the resume checkpoint was written
+
+
+class CompressError(Exception):
+    """Base class: the message is shown to the user as is."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class ConfigError(CompressError):
+    """Config file or override problems; carries every problem found, not just the first."""
+
+    def __init__(self, problems, source=None):
+        self.problems = list(problems)
+        self.source = source
+        where = f" in {source}" if source else ""
+        if len(self.problems) == 1:
+            msg = f"config error{where}: {self.problems[0]}"
+        else:
+            lines = "\n".join(f"  - {p}" for p in self.problems)
+            msg = f"{len(self.problems)} config errors{where}:\n{lines}"
+        super().__init__(msg)
+
+
+class InputError(CompressError):
+    """A missing or unreadable input: dataset path, checkpoint, ONNX file, image."""
+
+
+class CheckpointError(InputError):
+    """A checkpoint that is missing, truncated, edited, or belongs to another model."""
+
+
+class StageFailed(CompressError):
+    """A stage ran to the end but failed a check it is responsible for."""
+
+    exit_code = EXIT_FAILED
+
+
+class Interrupted(CompressError):
+    """Stopped by a signal after writing the resume checkpoint."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -1,0 +1,34 @@
+"""Hidden features by layer name, with forward hooks on unmodified models (any registry or torchvision model)."""
+
+import torch
+
+from compress.errors import InputError
+
+
+class FeatureTap:
+    """Keeps the latest output of each named submodule of `model` in `self.outputs[name]`."""
+
+    def __init__(self, model, names, role="model"):
+        modules = dict(model.named_modules())
+        for name in names:
+            if name not in modules or not name:
+                raise InputError(f"the {role} has no layer '{name}'; available layers: {layer_list(model)}")
+        self.outputs = {}
+        self._handles = [modules[name].register_forward_hook(self._keeper(name)) for name in dict.fromkeys(names)]
+
+    def _keeper(self, name):
+        def hook(module, inputs, output):
+            if not torch.is_tensor(output):
+                raise InputError(f"layer '{name}' returns {type(output).__name__}, not a tensor; pick another layer")
+            self.outputs[name] = output
+        return hook
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+
+
+def layer_list(model, limit=40):
+    names = [n for n, _ in model.named_modules() if n]
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")

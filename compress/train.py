@@ -1,0 +1,189 @@
+"""The training loop shared by the teacher, distill and QAT stages: `fit` -> `train_one_epoch` + `evaluate`.
+
+Determinism and exact resume: the data order comes from DistributedSampler(seed).set_epoch(epoch), the
+learning rate is a pure function of the global step, and torch's RNG (dropout) is re-seeded from
+(seed, stage, epoch, step, rank) before every step. So a run resumed from any checkpoint (end of epoch, every
+N steps, or written on Ctrl-C) computes exactly what the uninterrupted run would have, bit for bit.
+"""
+
+import hashlib
+import logging
+import math
+import os
+import signal
+import time
+
+import torch
+import torch.nn.functional as F
+
+from compress import dist, interrupt
+from compress.checkpoint import atomic_write_json, load_training_state, save_training_state
+from compress.data import set_epoch
+from compress.errors import Interrupted, StageFailed
+from compress.progress import Progress
+
+log = logging.getLogger(__name__)
+
+
+def build_optimizer(params, ocfg):
+    params = [p for p in params if p.requires_grad]
+    if ocfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=ocfg.lr, momentum=ocfg.momentum, weight_decay=ocfg.weight_decay)
+    if ocfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=ocfg.lr, weight_decay=ocfg.weight_decay)
+    return torch.optim.Adam(params, lr=ocfg.lr, weight_decay=ocfg.weight_decay)
+
+
+def learning_rate(ocfg, step, steps_per_epoch):
+    """Per-step learning rate: cosine from lr to 0 over the run, step decay per `step_size` epochs, or flat."""
+    if ocfg.schedule == "cosine":
+        total = ocfg.epochs * steps_per_epoch
+        return ocfg.lr * 0.5 * (1.0 + math.cos(math.pi * step / total))
+    if ocfg.schedule == "step":
+        return ocfg.lr * ocfg.gamma ** ((step // steps_per_epoch) // ocfg.step_size)
+    return ocfg.lr
+
+
+def seed_step(seed, stage, epoch, step, rank):
+    digest = hashlib.blake2b(f"{seed}/{stage}/{epoch}/{step}/{rank}".encode(), digest_size=8).digest()
+    torch.manual_seed(int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def _maybe_inject_fault(stage, epoch, step):
+    """Testing hook: COMPRESS_FAULT=stage:epoch:step SIGKILLs this process after that step's update (a
+    real kill -9 at a reproducible moment, used by the fault-injection tests)."""
+    target = os.environ.get("COMPRESS_FAULT")
+    if target and target == f"{stage}:{epoch}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@torch.no_grad()
+def evaluate(model, loader, env):
+    """Loss and accuracy over the whole validation set: counts are all-reduced, not per-rank averages."""
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+    for x, y, _ in loader:
+        x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
+        logits = model(x)
+        sums += torch.tensor([F.cross_entropy(logits, y, reduction="sum").item(),
+                              (logits.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
+    loss, correct, count = dist.all_reduce(env, sums).tolist()
+    return {"val_loss": loss / max(count, 1), "val_acc": 100.0 * correct / max(count, 1), "val_count": int(count)}
+
+
+def train_one_epoch(ctx, model, loader, optimizer, loss_fn, ocfg, epoch, start_step, sums, save):
+    """One pass over this rank's shard from `start_step`; returns the epoch's all-reduced sums."""
+    env, steps_per_epoch = ctx.env, len(loader.sampler.base)
+    model.train()
+    sums = dict(sums or {"images": 0.0, "loss": 0.0})
+    bar = Progress(len(loader), f"{ctx.stage} {epoch + 1}/{ocfg.epochs}", ctx.cfg.train.progress and env.is_main)
+    for step, (x, y, idx) in enumerate(loader, start=start_step):
+        seed_step(ctx.cfg.seed, ctx.stage, epoch, step, env.rank)
+        lr = learning_rate(ocfg, epoch * steps_per_epoch + step, steps_per_epoch)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
+        loss, parts = loss_fn(x, y, idx)
+        value = loss.item()
+        if not math.isfinite(value):
+            raise StageFailed(f"{ctx.stage}: the loss became {value} at epoch {epoch + 1}, step {step + 1}; the last "
+                              f"good resume checkpoint is kept in {ctx.run.rel(ctx.stage_path('last'))}/ - lower "
+                              f"{ctx.stage}.lr and rerun with --force")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        n = len(y)
+        sums["images"] += n
+        sums["loss"] += value * n
+        for name, part in parts.items():
+            sums[name] = sums.get(name, 0.0) + float(part) * n
+        bar.update(loss=value)
+        if interrupt.requested(env):
+            save(epoch, step + 1, sums)
+            bar.close()
+            raise Interrupted(f"interrupted at epoch {epoch + 1}, step {step + 1} of {ctx.stage}; "
+                              "rerun the same command to resume")
+        every = ctx.cfg.train.checkpoint_every
+        if every and (step + 1) % every == 0 and step + 1 < steps_per_epoch:
+            save(epoch, step + 1, sums)
+        _maybe_inject_fault(ctx.stage, epoch, step)
+    bar.close()
+    return reduce_sums(env, sums)
+
+
+def reduce_sums(env, sums):
+    keys = sorted(sums)
+    total = dist.all_reduce(env, torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+    return dict(zip(keys, total.tolist()))
+
+
+def fit(ctx, *, model, modules, optimizer, ocfg, loader, loss_fn, evaluate_fn, on_epoch_start=None):
+    """Train `model` (maybe DDP-wrapped) for `ocfg.epochs`, resuming from the stage's `last/` checkpoint if
+    the pipeline said so. `modules` (name -> unwrapped module) is what the resume checkpoint holds.
+    Returns the per-epoch metric history (also written to <stage>/metrics.json)."""
+    env, path = ctx.env, ctx.run.resume_checkpoint(ctx.stage)
+    epoch0, step0, history, running = 0, 0, [], None
+    if ctx.resume:
+        state = load_training_state(path, modules, optimizer)
+        epoch0, step0, history = state["epoch"], state["step"], state["history"]
+        running = state.get("running") if env.is_main else None  # global sums; counted once, on rank 0
+        if step0 and state.get("world_size") != env.world:
+            log.warning("%s: the checkpoint was written mid-epoch by %s processes, now %d: redoing epoch %d",
+                        ctx.stage, state.get("world_size"), env.world, epoch0 + 1)
+            step0, running = 0, None
+        log.info("%s: resuming from %s (epoch %d, step %d)", ctx.stage, ctx.run.rel(path), epoch0 + 1, step0)
+
+    def save(epoch, step, sums):
+        # every rank calls this at the same step; rank 0 stores the global running sums
+        if sums is not None:
+            sums = reduce_sums(env, sums)
+        if env.is_main:
+            save_training_state(path, modules, optimizer, {
+                "stage": ctx.stage, "config_hash": ctx.config_hash, "inputs": ctx.inputs,
+                "epoch": epoch, "step": step, "history": history, "running": sums, "world_size": env.world})
+        dist.barrier(env)
+
+    for epoch in range(epoch0, ocfg.epochs):
+        if interrupt.requested(env):
+            raise Interrupted(f"interrupted at epoch {epoch + 1} of {ctx.stage}; rerun the same command to resume")
+        if on_epoch_start:
+            on_epoch_start(epoch)
+        skip = step0 if epoch == epoch0 else 0
+        set_epoch(loader, epoch, skip)
+        start = time.perf_counter()
+        sums = train_one_epoch(ctx, model, loader, optimizer, loss_fn, ocfg, epoch, skip,
+                               running if epoch == epoch0 else None, save)
+        seconds = time.perf_counter() - start
+        metrics = {"epoch": epoch + 1, **epoch_losses(sums), **evaluate_fn(epoch),
+                   "images_per_s": round(sums["images"] / seconds, 1) if seconds > 0 else None,
+                   "seconds": round(seconds, 2), "lr_end": optimizer.param_groups[0]["lr"]}
+        history.append(metrics)
+        log.info("%s: epoch %d/%d %s", ctx.stage, epoch + 1, ocfg.epochs, format_metrics(metrics))
+        save(epoch + 1, 0, None)
+        if env.is_main:
+            atomic_write_json(ctx.stage_path("metrics.json"), {"stage": ctx.stage, "epochs": history})
+    return history
+
+
+def epoch_losses(sums):
+    n = max(sums["images"], 1.0)
+    out = {"train_loss": sums["loss"] / n}
+    out.update({f"train_{k}": v / n for k, v in sums.items() if k not in ("images", "loss")})
+    return out
+
+
+def format_metrics(m):
+    shown = []
+    for key in ("train_loss", "val_acc", "int8_acc", "images_per_s", "seconds"):
+        if m.get(key) is None:
+            continue
+        value = m[key]
+        if key.endswith("acc"):
+            shown.append(f"{key} {value:.2f}%")
+        elif key == "seconds":
+            shown.append(f"({value:.1f}s)")
+        elif key == "images_per_s":
+            shown.append(f"{value:.0f} img/s")
+        else:
+            shown.append(f"{key} {value:.4f}")
+    return " ".join(shown)

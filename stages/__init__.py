@@ -1,0 +1,13 @@
+"""The stages, in pipeline order. Each module has NAME, SUMMARY, CONFIG_KEYS, OUTPUTS, RANK0_ONLY,
+inputs(cfg) -> [(stage, run-relative path)], and run(ctx) -> StageResult. Stages never import each other:
+they meet only through files in the run directory."""
+
+from stages import distill, qat, teacher
+
+STAGES = {
+    "teacher": teacher,
+    "distill": distill,
+    "qat": qat,
+}
+
+ORDER = ("teacher", "distill", "qat", "export")  # the canonical order; a stage may not be built yet

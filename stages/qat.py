@@ -1,0 +1,99 @@
+"""qat: quantization-aware fine-tuning of the float model (prepare_qat_fx -> DDP -> convert_fx), with an
+accuracy budget against the float model."""
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from compress import dist, quant
+from compress.checkpoint import read_weights, save_weights
+from compress.context import StageResult
+from compress.data import eval_loader, load_data, train_loader
+from compress.dist import DistEnv
+from compress.errors import StageFailed
+from compress.models import build_model, count_parameters
+from compress.train import build_optimizer, evaluate, fit
+
+log = logging.getLogger(__name__)
+
+NAME = "qat"
+SUMMARY = "quantization-aware fine-tuning (FX, DDP); int8 accuracy checked every epoch"
+CONFIG_KEYS = ("seed", "data", "model", "qat")
+OUTPUTS = ("qat/qat.safetensors", "qat/metrics.json")
+RANK0_ONLY = False
+
+
+def inputs(cfg):
+    return [(cfg.qat.source, f"{cfg.qat.source}/model.safetensors")]
+
+
+def run(ctx):
+    cfg, env, q = ctx.cfg, ctx.env, ctx.cfg.qat
+    data = load_data(cfg.data, cfg.seed)
+    model_name = cfg.model.student if q.source == "distill" else cfg.model.teacher
+    rel = f"{q.source}/model.safetensors"
+    float_model, _ = ctx.load_model(rel, model_name, data, expect_stage=q.source)
+    val = eval_loader(data.val, cfg.train.eval_batch_size, env.rank, env.world, cfg.train.num_workers)
+    full_val = eval_loader(data.val, cfg.train.eval_batch_size, 0, 1)
+    float_acc = evaluate(float_model.to(env.device), val, env)["val_acc"]  # before prepare: it edits modules
+
+    example = data.val[[0, 1]][0]
+    torch.manual_seed(cfg.seed)
+    prepared = quant.prepare(float_model.cpu(), example, q.backend, q.activation_range, q.per_channel)
+    prepared.to(env.device)
+    ddp_model = dist.wrap_ddp(prepared, env)  # prepare first, then DDP: never the other way round
+
+    def on_epoch_start(epoch):  # idempotent, so a resumed run re-applies the same schedule
+        if epoch >= q.freeze_observers_after:
+            quant.freeze_observers(prepared)
+        if epoch >= q.freeze_bn_after:
+            quant.freeze_bn(prepared)
+
+    def evaluate_fn(epoch):
+        with quant.observers_paused(prepared):
+            fake = evaluate(prepared, val, env)
+        int8_acc = dist.on_main(env, lambda: evaluate(quant.convert(prepared), full_val, DistEnv())["val_acc"])
+        return {**fake, "int8_acc": int8_acc}
+
+    def loss_fn(x, y, idx):
+        return F.cross_entropy(ddp_model(x), y), {}
+
+    batch = dist.per_rank_batch(q.batch_size, env, "qat.batch_size")
+    loader = train_loader(data.train, batch, env.rank, env.world, cfg.seed, cfg.train.num_workers)
+    history = fit(ctx, model=ddp_model, modules={"model": prepared}, optimizer=build_optimizer(prepared.parameters(), q),
+                  ocfg=q, loader=loader, loss_fn=loss_fn, evaluate_fn=evaluate_fn, on_epoch_start=on_epoch_start)
+
+    frozen = q.freeze_observers_after < q.epochs and q.freeze_bn_after < q.epochs
+    mismatched = dist.replica_mismatches(env, prepared, buffers=frozen)
+    if mismatched:
+        raise StageFailed(f"qat: ranks disagree on {len(mismatched)} tensors ({mismatched[0]}, ...) after training")
+    final = history[-1]
+    metrics = {"float_acc": float_acc, "fake_quant_acc": final["val_acc"], "int8_acc": final["int8_acc"],
+               "accuracy_drop": round(float_acc - final["int8_acc"], 4), "max_accuracy_drop": q.max_accuracy_drop,
+               "params": count_parameters(prepared), "images_per_s": final["images_per_s"], "epochs": len(history),
+               "replicas_identical": True, "buffers_identical": True if frozen else None,
+               "qconfig": quant.describe_qconfig(q)}
+    if env.is_main:
+        path = ctx.stage_path("qat.safetensors")
+        save_weights(path, prepared, {**ctx.weights_metadata(model_name, data, parent=ctx.inputs[rel]),
+                                      "source": q.source, "qconfig": quant.describe_qconfig(q)})
+        metrics["rebuild_identical"] = _rebuild_matches(path, prepared, model_name, data, example, q)
+    dist.barrier(env)
+    summary = (f"{model_name}: float {float_acc:.2f}%, fake-quant {final['val_acc']:.2f}%, "
+               f"int8 {final['int8_acc']:.2f}%")
+    if metrics["accuracy_drop"] > q.max_accuracy_drop:
+        raise StageFailed(f"qat: int8 accuracy {final['int8_acc']:.2f}% is {metrics['accuracy_drop']:.2f} points below "
+                          f"the float model's {float_acc:.2f}%, over the budget qat.max_accuracy_drop="
+                          f"{q.max_accuracy_drop}; outputs kept in {ctx.run.rel(ctx.stage_path())}/ for inspection")
+    return StageResult(metrics, list(OUTPUTS), summary)
+
+
+def _rebuild_matches(path, prepared, model_name, data, example, q):
+    """Export rebuilds int8 from the saved file: prove now that it gives the same outputs."""
+    tensors, _ = read_weights(path, expect_stage="qat")
+    rebuilt = quant.rebuild_int8(build_model(model_name, data.input_shape, data.num_classes), tensors, example,
+                                 q.backend, q.activation_range, q.per_channel, path)
+    x = data.val[list(range(min(64, len(data.val))))][0]
+    with torch.no_grad():
+        return bool(torch.equal(quant.convert(prepared)(x), rebuilt(x)))
