@@ -130,7 +130,12 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
         log.info("config %s, run directory %s", config_path, run_dir)
     # a worker restarted by torchrun after losing a peer resumes instead of redoing forced stages
     force = force and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0
-    run_pipeline(cfg, run_dir, stage_names, force=force)
+    results = run_pipeline(cfg, run_dir, stage_names, force=force)
+    if rank == 0 and results.get("report"):
+        from compress.report import markdown_table
+
+        click.echo(markdown_table(results["report"]))
+        click.echo(f"report: {os.path.join(run_dir, 'report.md')}")
 
 
 @cli.command("stages")

@@ -64,7 +64,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     teacher: str = _f("deep_cnn", "teacher architecture (registry name; `compress models` lists them)")
-    student: str = _f("light_cnn", "student architecture (registry name)")
+    student: str = _f("compact_cnn", "student architecture (registry name)")
 
     def __post_init__(self):
         from compress.models import MODELS
@@ -80,7 +80,7 @@ class TrainConfig:
 
     device: Literal["auto", "cpu", "cuda"] = _f("auto", "auto picks cuda when available (nccl), else cpu (gloo)")
     threads: Optional[int] = _f(None, "torch threads per process; default: CPU cores / processes on this node")
-    eval_batch_size: int = _f(500, "batch size for evaluation and teacher caching")
+    eval_batch_size: int = _f(500, "batch size for evaluation")
     num_workers: int = _f(0, "DataLoader worker processes (in-memory datasets need none)")
     checkpoint_every: int = _f(0, "also write the resume checkpoint every N steps (0: at the end of each epoch)")
     progress: bool = _f(True, "show a progress bar on rank 0 when stderr is a terminal")
@@ -125,7 +125,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TeacherConfig(OptimConfig):
-    epochs: int = _f(3, "training epochs")
+    epochs: int = _f(4, "training epochs")
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ class KDConfig:
 class CosineConfig:
     weight: float = _f(0.0, "weight of CosineEmbeddingLoss between hidden representations; 0 turns it off")
     teacher_layer: str = _f("features", "teacher module whose output is compared (name from `named_modules`)")
-    student_layer: str = _f("features", "student module whose output is compared")
+    student_layer: str = _f("pool", "student module whose output is compared")
 
     def __post_init__(self):
         problems_if([(self.weight < 0, f"weight: must be >= 0, got {self.weight}")])
@@ -150,9 +150,9 @@ class CosineConfig:
 
 @dataclass(frozen=True)
 class HintConfig:
-    weight: float = _f(0.25, "weight of the FitNets hint loss (MSE after a trainable regressor); 0 turns it off")
+    weight: float = _f(0.0, "weight of the FitNets hint loss (MSE after a trainable regressor); 0 turns it off")
     teacher_layer: str = _f("features", "teacher module giving the hint")
-    student_layer: str = _f("features", "student module that learns it")
+    student_layer: str = _f("block2", "student module that learns it")
     regressor: Literal["conv3x3", "conv1x1", "linear"] = _f(
         "conv3x3", "regressor from student to teacher shape (linear flattens the features)")
 
@@ -162,7 +162,7 @@ class HintConfig:
 
 @dataclass(frozen=True)
 class DistillConfig(OptimConfig):
-    epochs: int = _f(4, "training epochs")
+    epochs: int = _f(8, "training epochs")
     ce_weight: float = _f(0.75, "weight of cross-entropy on the labels")
     kd: KDConfig = _f(KDConfig(), "Hinton knowledge distillation on logits")
     cosine: CosineConfig = _f(CosineConfig(), "cosine loss on hidden representations")

@@ -49,6 +49,29 @@ class LightCNN(nn.Module):
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
+def conv_bn_relu(in_channels, out_channels, stride=1):
+    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False),
+                         nn.BatchNorm2d(out_channels), nn.ReLU())
+
+
+class CompactCNN(nn.Module):
+    """A student built for int8 deployment: a stride-2 stem, conv-BN-ReLU blocks (32, 64, 64), global
+    average pooling, one linear layer. BN folds into the convs during QAT, every layer has enough channels
+    for int8 kernels to pay off, and the 7x7 map of `block2` lines up with DeepCNN's `features` for hints."""
+
+    def __init__(self, in_channels=3, image_size=(32, 32), num_classes=10):
+        super().__init__()
+        self.stem = conv_bn_relu(in_channels, 32, stride=2)
+        self.block1 = nn.Sequential(conv_bn_relu(32, 64), nn.MaxPool2d(2))
+        self.block2 = conv_bn_relu(64, 64)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        x = self.block2(self.block1(self.stem(x)))
+        return self.classifier(torch.flatten(self.pool(x), 1))
+
+
 def _small_input(image_size):
     # ImageNet stems shrink 224px by 4 before the first block; on 32px or smaller images that throws away
     # most of the signal, so small inputs get the CIFAR-style stem (3x3, stride 1, no max-pool).
@@ -87,6 +110,7 @@ def _mobilenet_v2(in_channels, image_size, num_classes, quantizable=False):
 MODELS = {
     "deep_cnn": lambda c, s, n: DeepCNN(c, s, n),
     "light_cnn": lambda c, s, n: LightCNN(c, s, n),
+    "compact_cnn": lambda c, s, n: CompactCNN(c, s, n),
     "resnet18": lambda c, s, n: _resnet18(c, s, n),
     "mobilenet_v2": lambda c, s, n: _mobilenet_v2(c, s, n),
     "quantizable_resnet18": lambda c, s, n: _resnet18(c, s, n, quantizable=True),
@@ -96,6 +120,7 @@ MODELS = {
 DESCRIPTIONS = {
     "deep_cnn": "KD-tutorial teacher: 4 convs (128, 64, 64, 32), 2 pools, MLP 512",
     "light_cnn": "KD-tutorial student: 2 convs (16, 16), 2 pools, MLP 256",
+    "compact_cnn": "int8-friendly student: conv-BN-ReLU x3 (32, 64, 64), global pool, linear",
     "resnet18": "torchvision resnet18 (CIFAR-style stem below 64 px)",
     "mobilenet_v2": "torchvision mobilenet_v2 (stride-1 stem below 64 px)",
     "quantizable_resnet18": "torchvision.models.quantization resnet18 (quant stubs, FloatFunctional adds)",

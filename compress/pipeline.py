@@ -12,6 +12,7 @@ import time
 from compress import dist, interrupt
 from compress.checkpoint import read_metadata, sha256_file
 from compress.config import dump_config, section_hash
+from compress.report import write_report
 from compress.context import StageContext, StageResult
 from compress.errors import CompressError, InputError, Interrupted
 from compress.rundir import RunDir, now, versions
@@ -37,6 +38,8 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
                 results[name] = None
                 continue
             results[name] = _run_stage(run, cfg, env, STAGES[name], decision)
+        if env.is_main:
+            results["report"] = write_report(run)
     return results
 
 

@@ -2,12 +2,13 @@
 inputs(cfg) -> [(stage, run-relative path)], and run(ctx) -> StageResult. Stages never import each other:
 they meet only through files in the run directory."""
 
-from stages import distill, qat, teacher
+from stages import distill, export, qat, teacher
 
 STAGES = {
     "teacher": teacher,
     "distill": distill,
     "qat": qat,
+    "export": export,
 }
 
-ORDER = ("teacher", "distill", "qat", "export")  # the canonical order; a stage may not be built yet
+ORDER = tuple(STAGES)  # the canonical order
