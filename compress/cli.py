@@ -7,7 +7,7 @@ import sys
 import click
 
 from compress import __version__
-from compress.errors import EXIT_BAD_INPUT, CompressError
+from compress.errors import EXIT_INTERRUPTED, CompressError
 
 log = logging.getLogger("compress")
 
@@ -38,7 +38,40 @@ def setup_logging(rank=0):
         logger.propagate = False
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class CompressGroup(click.Group):
+    """Turns errors into one line on stderr and an exit code; tracebacks only with --debug."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except CompressError as e:
+            if _debug["on"]:
+                raise
+            from compress.dist import MirroredError
+
+            rank = int(os.environ.get("RANK", 0))
+            if not isinstance(e, MirroredError):  # rank 0 already said it
+                click.echo(f"error: {e}" if rank == 0 else f"error [rank {rank}]: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except BrokenPipeError:  # `compress ... | head`: the reader left; say nothing more
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(0)
+        except KeyboardInterrupt:
+            if _debug["on"]:
+                raise
+            click.echo("interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except Exception as e:
+            if _debug["on"]:
+                raise
+            click.echo(f"error: unexpected {e.__class__.__name__}: {e} (rerun with --debug for the traceback)",
+                       err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=CompressGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "--version", prog_name="compress")
 @debug_option
 def cli():
@@ -219,40 +252,138 @@ def models_cmd():
     click.echo("datasets: " + ", ".join(DATASETS))
 
 
-COMMANDS = {"run": run, "stages": stages_cmd, "config": config_cmd, "models": models_cmd}
+def _int_list(value, name):
+    try:
+        items = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        items = []
+    if not items or min(items) < 1:
+        raise click.BadParameter(f"expected comma-separated positive whole numbers, got '{value}'", param_hint=name)
+    return items
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("images", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--top-k", type=click.IntRange(1), default=3, show_default=True, help="Classes to show per image.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@debug_option
+def predict(model, images, top_k, as_json):
+    """Classify image files with an exported ONNX model (onnxruntime + numpy + Pillow only).
+
+    Preprocessing (size, channels, mean/std) and class names are read from the model file.
+
+    \b
+    Example:
+      compress predict artifacts/default/export/model.int8.onnx digit1.png digit2.png
+    """
+    from compress.deploy import OnnxModel
+
+    results = OnnxModel(model).predict(list(images), top_k=top_k)
+    if as_json:
+        import json
+
+        click.echo(json.dumps([{"image": path, "top": [{"class": c, "probability": round(p, 6)} for c, p in top]}
+                               for path, top in results], indent=2))
+        return
+    for path, top in results:
+        click.echo(f"{path}: " + ", ".join(f"{c} ({p:.1%})" for c, p in top))
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--batch", default="1,64", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--threads", default=None, help="Comma-separated thread counts [default: 1,<all cores>].")
+@click.option("--repeats", type=click.IntRange(1), default=30, show_default=True, help="Timed runs per cell.")
+@click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="Untimed runs first.")
+@debug_option
+def bench(model, batch, threads, repeats, warmup):
+    """Time an ONNX model with onnxruntime: median latency per batch size and thread count.
+
+    \b
+    Example:
+      compress bench artifacts/default/export/model.int8.onnx --batch 1,64 --threads 1,2
+    """
+    from compress.deploy import OnnxModel, latency_table
+
+    OnnxModel(model, require_metadata=False)  # a clear error for a missing or non-ONNX file
+    thread_list = _int_list(threads, "--threads") if threads else None
+    rows = latency_table(model, _int_list(batch, "--batch"), thread_list, repeats, warmup)
+    click.echo(f"{model} (onnxruntime, CPU, median of {repeats})")
+    click.echo(f"{'batch':>6} {'threads':>8} {'ms':>10} {'images/s':>12}")
+    for r in rows:
+        click.echo(f"{r['batch']:>6} {r['threads']:>8} {r['ms']:>10.3f} {r['images_per_s']:>12,.0f}")
+
+
+def _existing_run(run_dir):
+    from compress.rundir import RunDir
+
+    run = RunDir(run_dir)
+    if not run.exists():
+        raise click.BadParameter(f"'{run_dir}' is not a compress run directory (no manifest.json)",
+                                 param_hint="RUN_DIR")
+    return run
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@debug_option
+def show(run_dir):
+    """Status of every stage in a run directory, its key metrics, and its files checked against sha256.
+
+    \b
+    Example:
+      compress show artifacts/default
+    """
+    from compress.pipeline import stage_status
+    from compress.rundir import file_check
+    from stages import STAGES
+
+    run = _existing_run(run_dir)
+    manifest = run.manifest()
+    click.echo(f"run {run.root}")
+    for name, spec in STAGES.items():
+        state, detail = stage_status(run, spec, manifest)
+        entry = manifest["stages"].get(name) or {}
+        line = f"{name:8} {state}" + (f" ({detail})" if detail else "")
+        if entry.get("seconds") is not None and state != "not run":
+            line += f"  {entry['seconds']:.1f}s, {entry.get('world_size', 1)} process(es)"
+        click.echo(line)
+        metrics = entry.get("metrics") or {}
+        shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if shown and state in ("complete", "invalidated"):
+            click.echo("         " + ", ".join(f"{k} {_short(v)}" for k, v in list(shown.items())[:6]))
+        for rel, sha in (entry.get("outputs") or {}).items():
+            click.echo(f"         {file_check(run, rel, sha):9} {rel}")
+
+
+def _short(value):
+    return f"{value:.4g}" if isinstance(value, float) else f"{value:,}"
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@debug_option
+def report(run_dir):
+    """Write report.md, report.json and report.png for a run directory and print the table.
+
+    \b
+    Example:
+      compress report artifacts/default
+    """
+    from compress.report import markdown_table, write_report
+
+    run = _existing_run(run_dir)
+    click.echo(markdown_table(write_report(run)))
+    click.echo(f"report: {run.path('report.md')}")
+
+
+COMMANDS = {"run": run, "stages": stages_cmd, "config": config_cmd, "models": models_cmd, "predict": predict,
+            "bench": bench, "show": show, "report": report}
 
 
 def main(argv=None):
-    """Entry point: user errors become one line on stderr and an exit code; tracebacks only with --debug."""
-    try:
-        cli.main(args=argv, prog_name="compress", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except CompressError as e:
-        if _debug["on"]:
-            raise
-        if not _is_mirrored(e):
-            rank = int(os.environ.get("RANK", 0))
-            click.echo(f"error: {e}" if rank == 0 else f"error [rank {rank}]: {e}", err=True)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
-    except Exception as e:
-        if _debug["on"]:
-            raise
-        click.echo(f"error: unexpected {e.__class__.__name__}: {e} (rerun with --debug for the traceback)", err=True)
-        sys.exit(1)
-
-
-def _is_mirrored(e):
-    from compress.dist import MirroredError
-
-    return isinstance(e, MirroredError)
+    cli.main(args=argv, prog_name="compress")
 
 
 if __name__ == "__main__":

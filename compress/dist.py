@@ -150,6 +150,14 @@ def on_main(env, fn, *args, **kwargs):
     return message["result"]
 
 
+def sync_buffers(env, module):
+    """Give every rank rank 0's buffers (BN statistics, observer ranges): each rank updated its own copy
+    from its own shard, and rank 0's copy is the one that gets saved and evaluated."""
+    if env.distributed:
+        for buffer in module.buffers():
+            tdist.broadcast(buffer.data, src=0)
+
+
 def replica_mismatches(env, module, buffers=True):
     """Names of parameters (and buffers) that differ from rank 0's copy; [] on every rank when all agree."""
     if not env.distributed:

@@ -103,6 +103,16 @@ def _manifest_problem(data):
     return None
 
 
+def file_check(run, rel, sha):
+    """'ok', 'missing' or 'modified' for a file the manifest recorded."""
+    from compress.checkpoint import sha256_file
+
+    path = run.path(rel)
+    if not os.path.isfile(path):
+        return "missing"
+    return "ok" if sha256_file(path) == sha else "modified"
+
+
 def now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 

@@ -38,7 +38,7 @@ def export_onnx(model, example, path, opset, metadata):
     except Exception as e:  # the exporter raises many types for unsupported operators
         first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
         raise StageFailed(f"export: torch.onnx.export failed for {path} ({first[:200]})") from None
-    proto = onnx.load_from_string(buffer.getvalue())
+    proto = tidy(onnx.load_from_string(buffer.getvalue()))
     for key, value in metadata.items():
         prop = proto.metadata_props.add()
         prop.key, prop.value = META_PREFIX + key, value if isinstance(value, str) else json.dumps(value)
@@ -49,3 +49,65 @@ def export_onnx(model, example, path, opset, metadata):
         raise StageFailed(f"export: onnx.checker rejected {path}: {str(e).splitlines()[0][:200]}") from None
     atomic_write_bytes(path, proto.SerializeToString())
     return proto
+
+
+def tidy(proto):
+    """Fold what the TorchScript exporter leaves as computations on constants into initializers (Constant,
+    Identity or Cast of a constant, ConstantOfShape of a constant shape) and give internal tensors short names. The graph
+    computes exactly the same thing (the export stage re-checks parity); for a small int8 model the exporter's
+    per-node overhead is otherwise a third of the file."""
+    from onnx import helper, numpy_helper
+
+    graph = proto.graph
+    consts = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    kept = []
+    for node in graph.node:
+        value = _fold(node, consts, helper, numpy_helper)
+        if value is None:
+            kept.append(node)
+        else:
+            consts[node.output[0]] = value
+    used = {name for node in kept for name in node.input} | {o.name for o in graph.output}
+    names = _short_names(graph, kept, used, consts)
+    for node in kept:
+        node.input[:] = [names.get(n, n) for n in node.input]
+        node.output[:] = [names.get(n, n) for n in node.output]
+        node.name = ""
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.initializer[:]
+    graph.initializer.extend(numpy_helper.from_array(v, names[k]) for k, v in consts.items() if k in used)
+    del graph.value_info[:]
+    return proto
+
+
+def _fold(node, consts, helper, numpy_helper):
+    import numpy as np
+
+    if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
+        return numpy_helper.to_array(node.attribute[0].t)
+    if node.op_type == "Identity" and node.input[0] in consts:
+        return consts[node.input[0]]
+    if node.op_type == "Cast" and node.input[0] in consts:
+        to = helper.get_attribute_value(node.attribute[0])
+        return consts[node.input[0]].astype(helper.tensor_dtype_to_np_dtype(to))
+    if node.op_type == "ConstantOfShape" and node.input[0] in consts:
+        fill = numpy_helper.to_array(node.attribute[0].t) if node.attribute else np.zeros(1, np.float32)
+        return np.full(tuple(consts[node.input[0]].tolist()), fill.reshape(-1)[0], dtype=fill.dtype)
+    return None
+
+
+def _short_names(graph, nodes, used, consts):
+    """Graph inputs/outputs keep their names; everything else becomes w<i> (constants) or t<i> (activations)."""
+    keep = {i.name for i in graph.input} | {o.name for o in graph.output}
+    names = {}
+    for name in consts:
+        if name in used and name not in keep:
+            names[name] = f"w{len(names)}"
+    count = 0
+    for node in nodes:
+        for out in node.output:
+            if out and out not in keep and out not in names:
+                names[out] = f"t{count}"
+                count += 1
+    return names

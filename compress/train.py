@@ -154,6 +154,8 @@ def fit(ctx, *, model, modules, optimizer, ocfg, loader, loss_fn, evaluate_fn, o
         sums = train_one_epoch(ctx, model, loader, optimizer, loss_fn, ocfg, epoch, skip,
                                running if epoch == epoch0 else None, save)
         seconds = time.perf_counter() - start
+        for module in modules.values():
+            dist.sync_buffers(env, module)
         metrics = {"epoch": epoch + 1, **epoch_losses(sums), **evaluate_fn(epoch),
                    "images_per_s": round(sums["images"] / seconds, 1) if seconds > 0 else None,
                    "seconds": round(seconds, 2), "lr_end": optimizer.param_groups[0]["lr"]}

@@ -64,15 +64,14 @@ def run(ctx):
     history = fit(ctx, model=ddp_model, modules={"model": prepared}, optimizer=build_optimizer(prepared.parameters(), q),
                   ocfg=q, loader=loader, loss_fn=loss_fn, evaluate_fn=evaluate_fn, on_epoch_start=on_epoch_start)
 
-    frozen = q.freeze_observers_after < q.epochs and q.freeze_bn_after < q.epochs
-    mismatched = dist.replica_mismatches(env, prepared, buffers=frozen)
+    mismatched = dist.replica_mismatches(env, prepared)
     if mismatched:
         raise StageFailed(f"qat: ranks disagree on {len(mismatched)} tensors ({mismatched[0]}, ...) after training")
     final = history[-1]
     metrics = {"float_acc": float_acc, "fake_quant_acc": final["val_acc"], "int8_acc": final["int8_acc"],
                "accuracy_drop": round(float_acc - final["int8_acc"], 4), "max_accuracy_drop": q.max_accuracy_drop,
                "params": count_parameters(prepared), "images_per_s": final["images_per_s"], "epochs": len(history),
-               "replicas_identical": True, "buffers_identical": True if frozen else None,
+               "replicas_identical": True, "buffers_identical": True,
                "qconfig": quant.describe_qconfig(q)}
     if env.is_main:
         path = ctx.stage_path("qat.safetensors")

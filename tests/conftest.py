@@ -1,0 +1,77 @@
+"""Shared fixtures: a tiny config on scikit-learn's 8x8 digits, the CLI in-process and as a subprocess, and
+one completed pipeline run that read-only tests share (tests that change files work on a copy)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from compress.cli import cli
+
+TINY_CONFIG = """\
+seed: 0
+data: {name: digits}
+model: {teacher: deep_cnn, student: compact_cnn}
+train: {eval_batch_size: 256, progress: false}
+teacher: {epochs: 2, batch_size: 32}
+distill:
+  epochs: 2
+  batch_size: 32
+  hint: {weight: 0.25, student_layer: block1}
+qat: {epochs: 2, batch_size: 32, max_accuracy_drop: 100.0}
+export: {latency_batch_sizes: [1, 8], latency_repeats: 2, latency_warmup: 0}
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("config") / "tiny.yaml"
+    path.write_text(TINY_CONFIG)
+    return str(path)
+
+
+def invoke(*args):
+    """The real CLI, in-process (click's CliRunner); stderr kept apart from stdout."""
+    runner = CliRunner()
+    return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def compress_subprocess(*args, env=None, timeout=600):
+    """The installed console script, as a user runs it."""
+    exe = shutil.which("compress") or os.path.join(os.path.dirname(sys.executable), "compress")
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([exe, *[str(a) for a in args]], capture_output=True, text=True, env=full_env,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory, tiny_config):
+    """All four stages on the tiny config, once per session. Treat as read-only."""
+    run_dir = tmp_path_factory.mktemp("runs") / "tiny"
+    result = invoke("run", "-c", tiny_config, "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    """A private copy of the finished run, free to modify."""
+    target = tmp_path / "run"
+    shutil.copytree(finished_run, target)
+    return target
+
+
+def tree(root):
+    """Every file under root as a sorted list of relative paths."""
+    found = []
+    for folder, _, files in os.walk(root):
+        for name in files:
+            found.append(os.path.relpath(os.path.join(folder, name), root))
+    return sorted(found)
+
+
+def file_bytes(root):
+    return {rel: open(os.path.join(root, rel), "rb").read() for rel in tree(root)}

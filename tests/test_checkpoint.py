@@ -1,0 +1,118 @@
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as tdist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from compress import quant
+from compress.checkpoint import (atomic_write_bytes, load_training_state, load_weights, read_metadata, read_weights,
+                                 save_training_state, save_weights, sha256_file)
+from compress.errors import CheckpointError
+from compress.models import build_model
+
+
+def small(seed=0):
+    torch.manual_seed(seed)
+    return build_model("light_cnn", (1, 8, 8), 10)
+
+
+def test_round_trip_is_exact_and_carries_metadata(tmp_path):
+    model, path = small(), tmp_path / "m.safetensors"
+    save_weights(path, model, {"stage": "teacher", "model": "light_cnn", "input_shape": [1, 8, 8]})
+    other = small(seed=1)
+    meta = load_weights(other, path, expect_stage="teacher", expect_model="light_cnn")
+    assert meta["input_shape"] == [1, 8, 8]
+    for a, b in zip(model.state_dict().values(), other.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_ddp_wrapper_is_unwrapped_before_saving(tmp_path):
+    store = tdist.HashStore()
+    tdist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        path = tmp_path / "ddp.safetensors"
+        save_weights(path, DDP(small()), {"stage": "teacher", "model": "light_cnn"})
+    finally:
+        tdist.destroy_process_group()
+    tensors, _ = read_weights(path)
+    assert tensors and not any(k.startswith(("module.", "_orig_mod.")) for k in tensors)
+
+
+def test_truncated_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_weights(path, small(), {"stage": "teacher", "model": "light_cnn"})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated or not a safetensors file"):
+        load_weights(small(), path)
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_weights(path, small(), {"stage": "teacher", "model": "light_cnn"})
+    with pytest.raises(CheckpointError, match="holds a 'light_cnn' model but the config asks for 'deep_cnn'"):
+        load_weights(build_model("deep_cnn", (1, 8, 8), 10), path, expect_model="deep_cnn")
+    with pytest.raises(CheckpointError, match="does not fit the model: missing keys"):
+        load_weights(build_model("deep_cnn", (1, 8, 8), 10), path)
+
+
+def test_edited_bytes_are_caught_by_the_manifest_sha(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_weights(path, small(), {"stage": "teacher", "model": "light_cnn"})
+    sha = sha256_file(path)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="modified after it was written"):
+        read_weights(path, expect_sha256=sha)
+
+
+def test_wrong_dtype_is_refused(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_weights(path, small().half(), {"stage": "teacher", "model": "light_cnn"})
+    with pytest.raises(CheckpointError, match="wrong dtype"):
+        load_weights(small(), path)
+
+
+def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "file.bin"
+    atomic_write_bytes(path, b"old")
+    with pytest.raises(TypeError):
+        atomic_write_bytes(path, "not bytes")
+    assert path.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["file.bin"], "no temp file may be left behind"
+
+
+def test_training_state_restores_optimizer_exactly(tmp_path):
+    model = small()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(4, 1, 8, 8)).sum().backward()
+        opt.step()
+    path = tmp_path / "last.safetensors"
+    save_training_state(path, {"model": model}, opt, {"epoch": 2, "step": 5, "history": [{"a": 1}]})
+    model2 = small(seed=3)
+    opt2 = torch.optim.Adam(model2.parameters(), lr=1e-3)
+    state = load_training_state(path, {"model": model2}, opt2)
+    assert state == {"epoch": 2, "step": 5, "history": [{"a": 1}]}
+    assert read_metadata(path)["state"]["epoch"] == 2
+    for k, v in opt.state_dict()["state"].items():
+        for name, tensor in v.items():
+            assert torch.equal(tensor, opt2.state_dict()["state"][k][name])
+    assert json.dumps(opt.state_dict()["param_groups"]) == json.dumps(opt2.state_dict()["param_groups"])
+
+
+def test_qat_state_with_shared_tensors_saves_and_reloads(tmp_path):
+    example = torch.randn(2, 1, 8, 8)
+    prepared = quant.prepare(small(), example)
+    prepared(torch.randn(16, 1, 8, 8))
+    path = tmp_path / "qat.safetensors"
+    save_weights(path, prepared, {"stage": "qat", "model": "light_cnn"})
+    tensors, _ = read_weights(path)
+    rebuilt = quant.rebuild_int8(small(seed=5), tensors, example, "x86", "full", True, path)
+    x = torch.randn(8, 1, 8, 8)
+    assert torch.equal(quant.convert(prepared)(x), rebuilt(x))

@@ -1,0 +1,58 @@
+import dataclasses
+
+import pytest
+
+import stages
+from compress import __version__, cli
+from compress.config import Config
+from conftest import compress_subprocess, invoke
+
+
+def test_registries_agree_cli_config_and_folders():
+    assert cli.STAGE_ORDER == stages.ORDER == tuple(stages.STAGES)
+    config_sections = {f.name for f in dataclasses.fields(Config)}
+    for name, module in stages.STAGES.items():
+        assert module.NAME == name
+        assert name in config_sections, f"stage {name} has no config section"
+        assert all(out.startswith(f"{name}/") for out in module.OUTPUTS), "a stage writes only its own folder"
+        assert callable(module.run) and callable(module.inputs)
+
+
+def test_command_dict_matches_the_cli():
+    assert set(cli.COMMANDS) == set(cli.cli.commands)
+    for name, command in cli.COMMANDS.items():
+        assert cli.cli.commands[name] is command
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_every_help_teaches_with_an_example(command):
+    result = invoke(command, "--help")
+    assert result.exit_code == 0
+    assert "Example" in result.output
+
+
+def test_version_in_process_and_installed_script():
+    assert __version__ in invoke("--version").output
+    proc = compress_subprocess("--version")
+    assert proc.returncode == 0 and __version__ in proc.stdout
+
+
+def test_unknown_stage_lists_the_valid_ones():
+    result = invoke("run", "--stages", "teacher,distil")
+    assert result.exit_code == 2
+    assert "unknown stage 'distil'" in result.output and "teacher, distill, qat, export" in result.output
+
+
+def test_stages_are_listed_with_inputs_and_outputs():
+    result = invoke("stages")
+    assert result.exit_code == 0
+    for name in stages.ORDER:
+        assert name in result.output
+    assert "teacher/model.safetensors" in result.output and "export/model.int8.onnx" in result.output
+
+
+def test_config_command_prints_resolved_yaml_and_reference():
+    result = invoke("config", "--set", "teacher.epochs=11")
+    assert result.exit_code == 0 and "epochs: 11" in result.output
+    reference = invoke("config", "--reference").output
+    assert "| `distill.kd.temperature` | float | `2.0` |" in reference

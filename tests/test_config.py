@@ -1,0 +1,88 @@
+import glob
+import os
+
+import pytest
+
+from compress import schema
+from compress.config import Config, dump_config, load_config, section_hash
+from compress.errors import ConfigError, InputError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_default_yaml_is_the_builtin_default():
+    assert load_config(os.path.join(ROOT, "configs", "default.yaml")) == Config()
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml"))))
+def test_every_shipped_config_validates(path, tmp_path):
+    cfg = load_config(path, [f"data.root={tmp_path}"] if "root:" in open(path).read() else [])
+    assert isinstance(cfg, Config)
+
+
+def test_all_problems_reported_at_once_with_key_paths(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data:\n  nmae: digits\nteacher:\n  epochs: three\n  lr: -1\nqat:\n  backend: arm\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(bad))
+    problems = info.value.problems
+    assert "unknown key 'data.nmae' (did you mean 'data.name'?)" in problems
+    assert "teacher.epochs: expected a whole number, got str 'three'" in problems
+    assert any(p.startswith("qat.backend: must be one of x86, qnnpack") for p in problems)
+    assert str(bad) in str(info.value)
+
+
+def test_range_checks_of_a_section_are_all_reported():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["teacher.lr=-1", "teacher.batch_size=0", "export.opset=9"])
+    assert len(info.value.problems) == 3
+    assert {p.split(":")[0] for p in info.value.problems} == {"teacher.lr", "teacher.batch_size", "export.opset"}
+
+
+def test_overrides_are_parsed_as_yaml_values():
+    cfg = load_config(None, ["teacher.epochs=7", "distill.kd.temperature=4", "data.mean=[0.5]", "data.std=[0.25]",
+                             "qat.per_channel=false", "teacher.lr=3e-4"])
+    assert cfg.teacher.epochs == 7 and cfg.distill.kd.temperature == 4.0
+    assert cfg.data.mean == (0.5,) and cfg.qat.per_channel is False and cfg.teacher.lr == 3e-4
+
+
+def test_override_without_equals_sign_is_a_config_error():
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(None, ["teacher.epochs"])
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("teacher:\n  epochs: 3\n lr: [\n")
+    with pytest.raises(ConfigError, match="YAML syntax error at line"):
+        load_config(str(bad))
+
+
+def test_missing_config_file_and_missing_dataset_folder(tmp_path):
+    with pytest.raises(InputError, match="not found"):
+        load_config(str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError, match="data.root: folder .* does not exist"):
+        load_config(None, ["data.name=imagefolder", f"data.root={tmp_path / 'missing'}"])
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path):
+    cfg = load_config(None, ["distill.hint.weight=0.5", "data.name=digits"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(dump_config(cfg))
+    assert load_config(str(path)) == cfg
+
+
+def test_section_hash_follows_only_its_sections():
+    base = Config()
+    changed_teacher = load_config(None, ["teacher.epochs=9"])
+    changed_runtime = load_config(None, ["train.eval_batch_size=7"])
+    keys = ("seed", "data", "model.teacher", "teacher")
+    assert section_hash(base, keys) != section_hash(changed_teacher, keys)
+    assert section_hash(base, keys) == section_hash(changed_runtime, keys)
+    assert section_hash(base, ("distill",)) == section_hash(changed_teacher, ("distill",))
+
+
+def test_reference_lists_every_leaf_key():
+    keys = [row[0] for row in schema.reference(Config)]
+    assert "distill.kd.temperature" in keys and "export.latency_batch_sizes" in keys and "seed" in keys
+    assert all(row[3] for row in schema.reference(Config)), "every key needs a help text"

@@ -1,0 +1,86 @@
+import json
+
+import pytest
+import yaml
+
+from compress.checkpoint import read_weights
+from compress.config import load_config
+from conftest import file_bytes, invoke, tree
+
+EXPECTED_TREE = [
+    "config.yaml",
+    "distill/last/checkpoint.safetensors", "distill/metrics.json", "distill/model.safetensors",
+    "export/export.json", "export/model.fp32.onnx", "export/model.int8.onnx",
+    "manifest.json",
+    "qat/last/checkpoint.safetensors", "qat/metrics.json", "qat/qat.safetensors",
+    "report.json", "report.md", "report.png",
+    "teacher/last/checkpoint.safetensors", "teacher/metrics.json", "teacher/model.safetensors",
+]
+
+
+def test_full_run_writes_exactly_the_documented_tree(finished_run, tiny_config):
+    assert tree(finished_run) == EXPECTED_TREE
+    manifest = json.loads((finished_run / "manifest.json").read_text())
+    assert [s["status"] for s in manifest["stages"].values()] == ["complete"] * 4
+    assert load_config(str(finished_run / "config.yaml")) == load_config(tiny_config)
+    assert (finished_run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_distilled_student_holds_the_student_alone(finished_run):
+    tensors, meta = read_weights(finished_run / "distill" / "model.safetensors")
+    assert meta["stage"] == "distill" and meta["model"] == "compact_cnn"
+    assert not any(k.startswith(("regressor", "module.", "student.")) for k in tensors)
+    assert "classifier.weight" in tensors
+
+
+def test_metrics_hold_every_epoch_and_every_loss_term(finished_run):
+    epochs = json.loads((finished_run / "distill" / "metrics.json").read_text())["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    assert {"train_ce", "train_kd", "train_hint", "val_acc", "images_per_s"} <= set(epochs[0])
+    qat = json.loads((finished_run / "qat" / "metrics.json").read_text())["epochs"]
+    assert all("int8_acc" in e and "val_acc" in e for e in qat)
+
+
+def test_rerun_skips_everything_and_changes_nothing(run_copy):
+    before = file_bytes(run_copy)
+    result = invoke("run", "--run-dir", run_copy)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("up to date, skipped") == 4
+    after = file_bytes(run_copy)
+    assert {k: v for k, v in after.items() if not k.startswith("report")} == \
+        {k: v for k, v in before.items() if not k.startswith("report")}
+
+
+def test_force_redoes_a_stage_and_a_changed_value_reruns_it(run_copy):
+    result = invoke("run", "--run-dir", run_copy, "--stages", "export", "--force")
+    assert result.exit_code == 0 and "export: running (--force)" in result.stderr
+    result = invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.lr=0.0002")
+    assert result.exit_code == 0, result.output
+    assert "qat: running again: config changed (qat.lr)" in result.stderr
+
+
+def test_upstream_change_invalidates_downstream(run_copy):
+    result = invoke("run", "--run-dir", run_copy, "--stages", "teacher", "--set", "teacher.epochs=1")
+    assert result.exit_code == 0, result.output
+    shown = invoke("show", run_copy).output
+    assert "distill  invalidated (teacher/model.safetensors changed since this stage ran)" in shown
+    result = invoke("run", "--run-dir", run_copy, "--stages", "distill")
+    assert "distill: running again: its input teacher/model.safetensors changed" in result.stderr
+
+
+def test_a_stage_needs_its_input(tmp_path, tiny_config):
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "empty", "--stages", "distill")
+    assert result.exit_code == 2
+    assert "run the teacher stage first: teacher/model.safetensors is not in" in result.stderr
+
+
+def test_show_reports_modified_files(run_copy):
+    path = run_copy / "teacher" / "metrics.json"
+    path.write_text(path.read_text() + " ")
+    shown = invoke("show", run_copy).output
+    assert "modified  teacher/metrics.json" in shown and "ok        teacher/model.safetensors" in shown
+
+
+def test_resolved_config_is_written_and_reused(run_copy):
+    cfg = yaml.safe_load((run_copy / "config.yaml").read_text())
+    assert cfg["data"]["name"] == "digits" and cfg["teacher"]["epochs"] == 2
