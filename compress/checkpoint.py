@@ -104,8 +104,9 @@ def _meta_str(value):
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def read_safetensors(path, what="checkpoint"):
-    """(tensors, metadata) from a safetensors file; a missing, truncated or foreign file is a CheckpointError."""
+def read_safetensors(path, what="checkpoint", expect_sha256=None):
+    """(tensors, metadata) from a safetensors file; a missing, truncated or foreign file is a CheckpointError,
+    and so is one whose sha256 differs from `expect_sha256` (the value recorded in the manifest)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -122,6 +123,9 @@ def read_safetensors(path, what="checkpoint"):
         reason = str(e).splitlines()[0] if str(e) else e.__class__.__name__
         raise CheckpointError(f"{what} '{path}' is truncated or not a safetensors file ({reason}); "
                               "rerun the stage that wrote it with --force") from None
+    if expect_sha256 is not None and hashlib.sha256(data).hexdigest() != expect_sha256:
+        raise CheckpointError(f"'{path}' was modified after it was written (sha256 differs from manifest.json); "
+                              "rerun the stage that wrote it with --force")
     return tensors, metadata
 
 
@@ -143,10 +147,7 @@ def read_metadata(path):
 def read_weights(path, expect_stage=None, expect_model=None, expect_sha256=None):
     """Tensors + metadata of a stage's final weights, verified against the manifest's sha256 and the
     expected stage/model. Metadata values that hold JSON are decoded."""
-    if expect_sha256 is not None and os.path.isfile(path) and sha256_file(path) != expect_sha256:
-        raise CheckpointError(f"'{path}' was modified after it was written (sha256 differs from manifest.json); "
-                              "rerun the stage that wrote it with --force")
-    tensors, raw_meta = read_safetensors(path)
+    tensors, raw_meta = read_safetensors(path, expect_sha256=expect_sha256)
     meta = {k: _decode(v) for k, v in raw_meta.items()}
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"'{path}' was not written by compress (no '{FORMAT}' metadata); "

@@ -1,6 +1,7 @@
 """What the pipeline hands a stage, and what a stage hands back."""
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from compress import __version__
 from compress.checkpoint import load_weights
@@ -19,6 +20,7 @@ class StageContext:
     config_hash: str
     inputs: dict  # run-relative path -> sha256 recorded by the stage that wrote it
     resume: bool  # continue from <stage>/last/ (the pipeline checked it matches this config and these inputs)
+    begin: Callable = lambda: None  # call (every rank) after loading inputs, before writing anything
 
     def stage_path(self, *parts):
         return self.run.path(self.stage, *parts)

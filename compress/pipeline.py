@@ -6,7 +6,6 @@ Rank 0 decides and writes the manifest; the decision is broadcast so every rank 
 
 import logging
 import os
-import shutil
 import time
 
 from compress import dist, interrupt
@@ -23,11 +22,15 @@ log = logging.getLogger(__name__)
 
 
 def run_pipeline(cfg, run_root, stage_names, force=False):
-    """Run `stage_names` (canonical order) in `run_root`; returns {stage: result dict or None if skipped}."""
+    """Run `stage_names` (canonical order) in `run_root`; returns {stage: result dict or None if skipped}.
+
+    Nothing in the run directory changes until a stage has loaded and checked its inputs (`ctx.begin()`):
+    a bad config, a missing or corrupt input, or a checkpoint of the wrong model leaves every file as it was.
+    """
     run = RunDir(run_root)
-    results = {}
+    results, written = {}, {"config": False}
     with interrupt.graceful_stop(), dist.process_group(cfg.train.device, cfg.train.threads) as env:
-        dist.on_main(env, _prepare, run, cfg)
+        dist.on_main(env, _check_run_dir, run)
         for name in stage_names:
             if interrupt.requested(env):
                 raise Interrupted(f"interrupted before the {name} stage; rerun the same command to continue")
@@ -37,43 +40,57 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
                     log.info("%s: up to date, skipped (%s)", name, decision["reason"])
                 results[name] = None
                 continue
-            results[name] = _run_stage(run, cfg, env, STAGES[name], decision)
+            results[name] = _run_stage(run, cfg, env, STAGES[name], decision, written)
         if env.is_main:
+            if not written["config"]:
+                run.write_config(dump_config(cfg))
             results["report"] = write_report(run)
     return results
 
 
-def _prepare(run, cfg):
+def _check_run_dir(run):
     run.prepare()
     run.manifest()  # a corrupt manifest is reported before any work starts
-    run.write_config(dump_config(cfg))
 
 
-def _run_stage(run, cfg, env, spec, decision):
+def _run_stage(run, cfg, env, spec, decision, written):
     name = spec.NAME
     if env.is_main:
         log.info("%s: %s", name, decision["reason"])
-        if decision["action"] == "fresh":
-            shutil.rmtree(run.path(name, "last"), ignore_errors=True)
-        run.update_stage(name, status="running", config_hash=decision["config_hash"], config=decision["config"],
-                         inputs=decision["inputs"], outputs={}, started=now(), finished=None,
-                         world_size=env.world, device=str(env.device), versions=versions(), message=None)
-    dist.barrier(env)
-    ctx = StageContext(cfg, run, env, name, decision["config_hash"], decision["inputs"],
-                       resume=decision["action"] == "resume")
+    begun = []
     start = time.perf_counter()
+
+    def begin():
+        """Called by the stage (every rank) once its inputs are loaded and checked, before it writes."""
+        if begun:
+            return
+        begun.append(True)
+        if env.is_main:
+            if not written["config"]:
+                run.write_config(dump_config(cfg))
+                written["config"] = True
+            run.update_stage(name, status="running", config_hash=decision["config_hash"],
+                             config=decision["config"], inputs=decision["inputs"], outputs={}, started=now(),
+                             finished=None, world_size=env.world, device=str(env.device), versions=versions(),
+                             message=None)
+        if not spec.RANK0_ONLY:
+            dist.barrier(env)
+
+    ctx = StageContext(cfg, run, env, name, decision["config_hash"], decision["inputs"],
+                       resume=decision["action"] == "resume", begin=begin)
     try:
         if spec.RANK0_ONLY:
             result = StageResult(**dist.on_main(env, lambda: vars(spec.run(ctx))))
         else:
             result = spec.run(ctx)
     except BaseException as e:
-        if env.is_main:
+        if env.is_main and begun:
             status = "interrupted" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "failed"
             message = str(e) if isinstance(e, CompressError) else f"{e.__class__.__name__}: {e}"
             run.update_stage(name, status=status, finished=now(), message=message,
                              seconds=round(time.perf_counter() - start, 2))
         raise
+    begin()  # no-op when the stage called it, as stages do
     if env.is_main:
         outputs = {rel: sha256_file(run.path(rel)) for rel in result.outputs}
         run.update_stage(name, status="complete", outputs=outputs, metrics=result.metrics, finished=now(),

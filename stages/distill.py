@@ -78,6 +78,7 @@ def run(ctx):
                             cosine_layer=d.cosine.teacher_layer if d.cosine.weight else None,
                             hint_layer=d.hint.teacher_layer if d.hint.weight else None)
     student = build_student(cfg, data, teacher).to(env.device)
+    ctx.begin()
     ddp_student = dist.wrap_ddp(student, env)
     val = eval_loader(data.val, cfg.train.eval_batch_size, env.rank, env.world, cfg.train.num_workers)
 

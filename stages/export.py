@@ -37,6 +37,7 @@ def run(ctx):
     float_rel, qat_rel = f"{source}/model.safetensors", "qat/qat.safetensors"
     float_model, _ = ctx.load_model(float_rel, model_name, data, expect_stage=source)
     int8_model, qconfig = _rebuild_int8(ctx, qat_rel, model_name, data)
+    ctx.begin()
 
     example = data.val[[0, 1]][0]
     meta = {"model": model_name, "dataset": data.name, "class_names": list(data.class_names),

@@ -41,6 +41,7 @@ def run(ctx):
     example = data.val[[0, 1]][0]
     torch.manual_seed(cfg.seed)
     prepared = quant.prepare(float_model.cpu(), example, q.backend, q.activation_range, q.per_channel)
+    ctx.begin()
     prepared.to(env.device)
     ddp_model = dist.wrap_ddp(prepared, env)  # prepare first, then DDP: never the other way round
 

@@ -25,6 +25,7 @@ def inputs(cfg):
 def run(ctx):
     cfg, env = ctx.cfg, ctx.env
     data = load_data(cfg.data, cfg.seed)
+    ctx.begin()
     torch.manual_seed(cfg.seed)  # identical initialisation on every rank (DDP also broadcasts rank 0's)
     model = build_model(cfg.model.teacher, data.input_shape, data.num_classes).to(env.device)
     ddp_model = dist.wrap_ddp(model, env)

@@ -1,0 +1,92 @@
+"""Soak test: kill -9 the pipeline at random wall-clock moments, rerun it, and check that the final weights and
+ONNX files are byte-identical to an uninterrupted run.
+
+Each round starts `compress run` on a run directory that carries the previous round's partial state, sleeps a
+random time, sends SIGKILL (anywhere: training, evaluation, teacher caching, a checkpoint write, export),
+then the next round continues on the same directory. After the kills, one final run completes the pipeline,
+and the outputs are compared with a reference run. Repeat `--trials` times.
+
+    python benchmarks/soak.py --kills 20                      # configs/digits-quick.yaml, ~10 minutes
+    python benchmarks/soak.py --config configs/default.yaml --kills 20
+"""
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMPARED = ("teacher/model.safetensors", "distill/model.safetensors", "qat/qat.safetensors",
+            "export/model.fp32.onnx", "export/model.int8.onnx")
+
+
+def compress(args, timeout=3600):
+    exe = os.path.join(os.path.dirname(sys.executable), "compress")
+    return subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def finish(args):
+    proc = compress(args)
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"run failed ({proc.returncode}):\n{err[-3000:]}")
+    return err
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=os.path.join(ROOT, "configs", "digits-quick.yaml"))
+    parser.add_argument("--kills", type=int, default=20, help="random SIGKILLs in all")
+    parser.add_argument("--kills-per-trial", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=None, help="seed for the kill times (default: random)")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        reference = os.path.join(tmp, "reference")
+        start = time.perf_counter()
+        finish(["run", "-c", args.config, "--run-dir", reference])
+        duration = time.perf_counter() - start
+        print(f"reference run: {duration:.1f}s; kill seed {seed}")
+        trials, identical, kills = 0, 0, 0
+        while kills < args.kills:
+            trials += 1
+            run = os.path.join(tmp, f"trial{trials}")
+            moments = []
+            for _ in range(min(args.kills_per_trial, args.kills - kills)):
+                proc = compress(["run", "-c", args.config, "--run-dir", run])
+                delay = rng.uniform(0.5, duration)
+                try:
+                    proc.wait(timeout=delay)
+                    moments.append(f"{delay:.1f}s (finished first)")
+                except subprocess.TimeoutExpired:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait()
+                    moments.append(f"{delay:.1f}s")
+                    kills += 1
+            err = finish(["run", "-c", args.config, "--run-dir", run])
+            same = [rel for rel in COMPARED if read(os.path.join(reference, rel)) == read(os.path.join(run, rel))]
+            ok = len(same) == len(COMPARED)
+            identical += ok
+            resumed = "resumed" if "resuming" in err else "no resume needed"
+            print(f"trial {trials}: killed at {', '.join(moments)}; {resumed}; "
+                  f"{'identical' if ok else 'DIFFERENT: ' + ', '.join(set(COMPARED) - set(same))}")
+            shutil.rmtree(run)
+        print(f"\n{kills} kills in {trials} trials: {identical} of {trials} trials ended byte-identical "
+              f"to the uninterrupted run")
+        sys.exit(0 if identical == trials else 1)
+
+
+if __name__ == "__main__":
+    main()
