@@ -146,7 +146,12 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
     if not config_path and os.path.isfile(os.path.join(run_dir, "config.yaml")):
         config_path = os.path.join(run_dir, "config.yaml")
     overrides = list(overrides) + ([f"train.device={device}"] if device else [])
-    cfg = load_config(config_path, overrides)
+    try:
+        cfg = load_config(config_path, overrides)
+    except CompressError as e:  # every torchrun worker parses the same config: let rank 0 alone say so
+        from compress.dist import MirroredError
+
+        raise e if int(os.environ.get("RANK", 0)) == 0 else MirroredError(str(e), e.exit_code)
     if nproc_per_node > 1 and not launched_by_torchrun():
         from compress.launch import relaunch
 

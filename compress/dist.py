@@ -158,6 +158,22 @@ def sync_buffers(env, module):
             tdist.broadcast(buffer.data, src=0)
 
 
+def raise_on_main(env, error):
+    """Raise a failure that every rank detected together: rank 0 raises (and reports) it, the others raise a
+    silent copy, so the user reads it once."""
+    if env.is_main:
+        raise error
+    raise MirroredError(str(error), error.exit_code)
+
+
+def fail_if(env, condition, message):
+    """`raise_on_main(StageFailed(message))` when `condition` holds (it must be the same on every rank)."""
+    if condition:
+        from compress.errors import StageFailed
+
+        raise_on_main(env, StageFailed(message))
+
+
 def replica_mismatches(env, module, buffers=True):
     """Names of parameters (and buffers) that differ from rank 0's copy; [] on every rank when all agree."""
     if not env.distributed:

@@ -36,6 +36,11 @@ def graceful_stop():
             signal.signal(sig, old)
 
 
+def local_request():
+    """This process was asked to stop (not yet agreed with the other ranks)."""
+    return _requested
+
+
 def requested(env):
     """True on every rank if any rank was asked to stop (all ranks must stop at the same step)."""
     if not env.distributed:

@@ -33,7 +33,8 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
         dist.on_main(env, _check_run_dir, run)
         for name in stage_names:
             if interrupt.requested(env):
-                raise Interrupted(f"interrupted before the {name} stage; rerun the same command to continue")
+                dist.raise_on_main(env, Interrupted(f"interrupted before the {name} stage; rerun the same command "
+                                                    "to continue"))
             decision = dist.on_main(env, decide, run, cfg, STAGES[name], force)
             if decision["action"] == "skip":
                 if env.is_main:

@@ -49,12 +49,11 @@ def seed_step(seed, stage, epoch, step, rank):
     torch.manual_seed(int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF)
 
 
-def _maybe_inject_fault(stage, epoch, step):
-    """Testing hook: COMPRESS_FAULT=stage:epoch:step SIGKILLs this process after that step's update (a
-    real kill -9 at a reproducible moment, used by the fault-injection tests)."""
-    target = os.environ.get("COMPRESS_FAULT")
-    if target and target == f"{stage}:{epoch}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
+def _fault(stage, epoch, step, kind):
+    """Testing hook: COMPRESS_FAULT=stage:epoch:step[:nan] SIGKILLs this process after that step's update (a
+    real kill -9 at a reproducible moment) or, with :nan, makes that step's loss NaN. Used by the tests."""
+    parts = os.environ.get("COMPRESS_FAULT", "").split(":")
+    return parts[:3] == [stage, str(epoch), str(step)] and (parts[3] if len(parts) > 3 else "kill") == kind
 
 
 @torch.no_grad()
@@ -84,11 +83,20 @@ def train_one_epoch(ctx, model, loader, optimizer, loss_fn, ocfg, epoch, start_s
             group["lr"] = lr
         x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
         loss, parts = loss_fn(x, y, idx)
-        value = loss.item()
-        if not math.isfinite(value):
-            raise StageFailed(f"{ctx.stage}: the loss became {value} at epoch {epoch + 1}, step {step + 1}; the last "
-                              f"good resume checkpoint is kept in {ctx.run.rel(ctx.stage_path('last'))}/ - lower "
-                              f"{ctx.stage}.lr and rerun with --force")
+        value = float("nan") if _fault(ctx.stage, epoch, step, "nan") else loss.item()
+        # one collective per step: every rank stops at the same step, for a bad loss or a stop request
+        bad, stop = _agree(env, not math.isfinite(value), interrupt.local_request())
+        if bad:
+            bar.close()
+            dist.raise_on_main(env, StageFailed(
+                f"{ctx.stage}: the loss became {value} at epoch {epoch + 1}, step {step + 1}; nothing of this "
+                f"epoch was kept, the last good resume checkpoint is {ctx.run.rel(ctx.stage_path('last'))}/ - "
+                f"lower {ctx.stage}.lr and rerun (or --force to start over)"))
+        if stop:
+            save(epoch, step, sums)
+            bar.close()
+            dist.raise_on_main(env, Interrupted(f"interrupted at epoch {epoch + 1} of {ctx.stage} (after {step} "
+                                                "steps); rerun the same command to resume"))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -98,17 +106,19 @@ def train_one_epoch(ctx, model, loader, optimizer, loss_fn, ocfg, epoch, start_s
         for name, part in parts.items():
             sums[name] = sums.get(name, 0.0) + float(part) * n
         bar.update(loss=value)
-        if interrupt.requested(env):
-            save(epoch, step + 1, sums)
-            bar.close()
-            raise Interrupted(f"interrupted at epoch {epoch + 1}, step {step + 1} of {ctx.stage}; "
-                              "rerun the same command to resume")
         every = ctx.cfg.train.checkpoint_every
         if every and (step + 1) % every == 0 and step + 1 < steps_per_epoch:
             save(epoch, step + 1, sums)
-        _maybe_inject_fault(ctx.stage, epoch, step)
+        if _fault(ctx.stage, epoch, step, "kill"):
+            os.kill(os.getpid(), signal.SIGKILL)
     bar.close()
     return reduce_sums(env, sums)
+
+
+def _agree(env, *flags):
+    """Each flag OR-ed over all ranks."""
+    local = torch.tensor([1 if f else 0 for f in flags], dtype=torch.long)
+    return [bool(v) for v in dist.all_reduce(env, local, op="max").tolist()]
 
 
 def reduce_sums(env, sums):
@@ -145,7 +155,8 @@ def fit(ctx, *, model, modules, optimizer, ocfg, loader, loss_fn, evaluate_fn, o
 
     for epoch in range(epoch0, ocfg.epochs):
         if interrupt.requested(env):
-            raise Interrupted(f"interrupted at epoch {epoch + 1} of {ctx.stage}; rerun the same command to resume")
+            dist.raise_on_main(env, Interrupted(f"interrupted at epoch {epoch + 1} of {ctx.stage} (before its first "
+                                                "step); rerun the same command to resume"))
         if on_epoch_start:
             on_epoch_start(epoch)
         skip = step0 if epoch == epoch0 else 0

@@ -12,7 +12,6 @@ from compress.checkpoint import save_weights
 from compress.context import StageResult
 from compress.data import eval_loader, load_data, train_loader
 from compress.distillation import FrozenTeacher, StudentWithRegressor, build_cache, probe_shapes
-from compress.errors import StageFailed
 from compress.losses import cosine_loss, hint_loss, kd_loss, make_regressor, reduce_width
 from compress.models import build_model, count_parameters
 from compress.train import build_optimizer, evaluate, fit
@@ -100,9 +99,8 @@ def run(ctx):
                   ocfg=d, loader=loader, loss_fn=make_loss(cfg, ddp_student, teacher, cache, env.device),
                   evaluate_fn=lambda epoch: evaluate(student.student, val, env))
     mismatched = dist.replica_mismatches(env, student)
-    if mismatched:
-        raise StageFailed(f"distill: ranks disagree on {len(mismatched)} tensors ({mismatched[0]}, ...) after "
-                          "training; DDP went out of sync")
+    dist.fail_if(env, mismatched, f"distill: ranks disagree on {len(mismatched)} tensors after training "
+                 f"({', '.join(mismatched[:3])}); DDP went out of sync")
     if env.is_main:
         save_weights(ctx.stage_path("model.safetensors"), student.student,
                      ctx.weights_metadata(cfg.model.student, data, parent=ctx.inputs["teacher/model.safetensors"]))

@@ -11,7 +11,6 @@ from compress.checkpoint import read_weights, save_weights
 from compress.context import StageResult
 from compress.data import eval_loader, load_data, train_loader
 from compress.dist import DistEnv
-from compress.errors import StageFailed
 from compress.models import build_model, count_parameters
 from compress.train import build_optimizer, evaluate, fit
 
@@ -66,8 +65,8 @@ def run(ctx):
                   ocfg=q, loader=loader, loss_fn=loss_fn, evaluate_fn=evaluate_fn, on_epoch_start=on_epoch_start)
 
     mismatched = dist.replica_mismatches(env, prepared)
-    if mismatched:
-        raise StageFailed(f"qat: ranks disagree on {len(mismatched)} tensors ({mismatched[0]}, ...) after training")
+    dist.fail_if(env, mismatched, f"qat: ranks disagree on {len(mismatched)} tensors after training "
+                 f"({', '.join(mismatched[:3])})")
     final = history[-1]
     metrics = {"float_acc": float_acc, "fake_quant_acc": final["val_acc"], "int8_acc": final["int8_acc"],
                "accuracy_drop": round(float_acc - final["int8_acc"], 4), "max_accuracy_drop": q.max_accuracy_drop,
@@ -82,10 +81,10 @@ def run(ctx):
     dist.barrier(env)
     summary = (f"{model_name}: float {float_acc:.2f}%, fake-quant {final['val_acc']:.2f}%, "
                f"int8 {final['int8_acc']:.2f}%")
-    if metrics["accuracy_drop"] > q.max_accuracy_drop:
-        raise StageFailed(f"qat: int8 accuracy {final['int8_acc']:.2f}% is {metrics['accuracy_drop']:.2f} points below "
-                          f"the float model's {float_acc:.2f}%, over the budget qat.max_accuracy_drop="
-                          f"{q.max_accuracy_drop}; outputs kept in {ctx.run.rel(ctx.stage_path())}/ for inspection")
+    dist.fail_if(env, metrics["accuracy_drop"] > q.max_accuracy_drop,
+                 f"qat: int8 accuracy {final['int8_acc']:.2f}% is {metrics['accuracy_drop']:.2f} points below the "
+                 f"float model's {float_acc:.2f}%, over the budget qat.max_accuracy_drop={q.max_accuracy_drop}; "
+                 f"outputs kept in {ctx.run.rel(ctx.stage_path())}/ for inspection")
     return StageResult(metrics, list(OUTPUTS), summary)
 
 

@@ -7,7 +7,6 @@ from compress import dist
 from compress.checkpoint import save_weights
 from compress.context import StageResult
 from compress.data import eval_loader, load_data, train_loader
-from compress.errors import StageFailed
 from compress.models import build_model, count_parameters
 from compress.train import build_optimizer, evaluate, fit
 
@@ -40,9 +39,8 @@ def run(ctx):
                   optimizer=build_optimizer(model.parameters(), cfg.teacher), ocfg=cfg.teacher,
                   loader=loader, loss_fn=loss_fn, evaluate_fn=lambda epoch: evaluate(model, val, env))
     mismatched = dist.replica_mismatches(env, model)
-    if mismatched:
-        raise StageFailed(f"teacher: ranks disagree on {len(mismatched)} tensors ({mismatched[0]}, ...) after "
-                          "training; DDP went out of sync")
+    dist.fail_if(env, mismatched, f"teacher: ranks disagree on {len(mismatched)} tensors after training "
+                 f"({', '.join(mismatched[:3])}); DDP went out of sync")
     if env.is_main:
         save_weights(ctx.stage_path("model.safetensors"), model, ctx.weights_metadata(cfg.model.teacher, data))
     final = history[-1]

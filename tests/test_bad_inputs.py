@@ -123,6 +123,14 @@ CASES = {
     "checkpoint: input missing": (
         lambda r, t: (r / "teacher" / "model.safetensors").unlink(),
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--force"], "run the teacher stage first"),
+    "distill: wrong layer name": (
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "distill.hint.student_layer=block7"],
+        "the student has no layer 'block7'; available layers: stem"),
+    "distill: shapes that cannot match": (
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "distill.hint.student_layer=stem"],
+        "differ in spatial size"),
     "checkpoint: truncated QAT state": (
         lambda r, t: truncate(r / "qat" / "qat.safetensors"),
         lambda r, t: ["run", "--run-dir", r, "--stages", "export", "--force"], "is truncated or not a safetensors file"),

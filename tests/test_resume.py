@@ -6,9 +6,11 @@ import random
 import signal
 import subprocess
 
+import json
+
 import torch
 
-from compress.checkpoint import read_weights
+from compress.checkpoint import read_metadata, read_weights
 from conftest import compress_subprocess
 
 FILES = {"teacher": "teacher/model.safetensors", "distill": "distill/model.safetensors", "qat": "qat/qat.safetensors"}
@@ -62,4 +64,18 @@ def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_r
     again = compress_subprocess("run", "--run-dir", run, "--stages", "teacher")
     assert again.returncode == 0, again.stderr
     assert "resuming" in again.stderr
+    assert_identical(finished_run, run, ["teacher"])
+
+
+def test_nan_loss_stops_the_stage_and_keeps_the_last_good_checkpoint(finished_run, tiny_config, tmp_path):
+    run = tmp_path / "nan"
+    base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher"]
+    proc = compress_subprocess(*base, env={"COMPRESS_FAULT": "teacher:1:4:nan"})
+    assert proc.returncode == 1, proc.stderr
+    assert "teacher: the loss became nan at epoch 2, step 5" in proc.stderr and "Traceback" not in proc.stderr
+    kept = run / "teacher" / "last" / "checkpoint.safetensors"
+    assert read_metadata(kept)["state"]["epoch"] == 1  # epoch 1's checkpoint, untouched
+    assert json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["status"] == "failed"
+    again = compress_subprocess(*base)  # the fault is gone: resumes from the good checkpoint
+    assert again.returncode == 0, again.stderr
     assert_identical(finished_run, run, ["teacher"])
