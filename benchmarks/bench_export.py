@@ -41,7 +41,12 @@ class Calibration:
 
 
 def post_training_quantize(fp32_path, out_path, data, samples):
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     prepared = out_path + ".pre.onnx"

@@ -11,10 +11,9 @@ import logging
 import torch
 from torch import nn
 
-from compress import dist
 from compress.data import eval_loader
 from compress.features import FeatureTap
-from compress.losses import make_regressor, reduce_width
+from compress.losses import reduce_width
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import time
 from compress import dist, interrupt
 from compress.checkpoint import read_metadata, sha256_file
 from compress.config import dump_config, section_hash
-from compress.report import write_report
 from compress.context import StageContext, StageResult
 from compress.errors import CompressError, InputError, Interrupted
+from compress.report import write_report
 from compress.rundir import RunDir, now, versions
 from compress.schema import to_dict
 from stages import STAGES
@@ -118,7 +118,8 @@ def decide(run, cfg, spec, force):
     inputs = {}
     for upstream, rel in spec.inputs(cfg):
         entry = stages.get(upstream) or {}
-        if entry.get("status") != "complete" or rel not in entry.get("outputs", {}) or not os.path.isfile(run.path(rel)):
+        recorded = entry.get("status") == "complete" and rel in entry.get("outputs", {})
+        if not recorded or not os.path.isfile(run.path(rel)):
             raise InputError(f"run the {upstream} stage first: {rel} is not in {run.root} "
                              f"(add {upstream} to --stages, or point --run-dir at a run that has it)")
         inputs[rel] = entry["outputs"][rel]

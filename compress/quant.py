@@ -32,9 +32,14 @@ def quiet_fx():
 
 
 def qconfig_mapping(backend="x86", activation_range="full", per_channel=True):
-    from torch.ao.quantization import (FusedMovingAvgObsFakeQuantize, MovingAverageMinMaxObserver,
-                                       MovingAveragePerChannelMinMaxObserver, QConfig, QConfigMapping,
-                                       get_default_qat_qconfig_mapping)
+    from torch.ao.quantization import (
+        FusedMovingAvgObsFakeQuantize,
+        MovingAverageMinMaxObserver,
+        MovingAveragePerChannelMinMaxObserver,
+        QConfig,
+        QConfigMapping,
+        get_default_qat_qconfig_mapping,
+    )
 
     if activation_range == "reduced":
         with quiet_fx(), warnings.catch_warnings():

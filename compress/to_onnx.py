@@ -53,9 +53,9 @@ def export_onnx(model, example, path, opset, metadata):
 
 def tidy(proto):
     """Fold what the TorchScript exporter leaves as computations on constants into initializers (Constant,
-    Identity or Cast of a constant, ConstantOfShape of a constant shape) and give internal tensors short names. The graph
-    computes exactly the same thing (the export stage re-checks parity); for a small int8 model the exporter's
-    per-node overhead is otherwise a third of the file."""
+    Identity or Cast of a constant, ConstantOfShape of a constant shape) and give internal tensors short names.
+    The graph computes exactly the same thing (the export stage re-checks parity); for a small int8 model the
+    exporter's per-node overhead is otherwise a large part of the file."""
     from onnx import helper, numpy_helper
 
     graph = proto.graph

@@ -17,7 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from compress import dist, interrupt
-from compress.checkpoint import atomic_write_json, load_training_state, save_training_state
+from compress.checkpoint import (
+    atomic_write_json,
+    load_training_state,
+    save_training_state,
+)
 from compress.data import set_epoch
 from compress.errors import Interrupted, StageFailed
 from compress.progress import Progress
@@ -84,19 +88,7 @@ def train_one_epoch(ctx, model, loader, optimizer, loss_fn, ocfg, epoch, start_s
         x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
         loss, parts = loss_fn(x, y, idx)
         value = float("nan") if _fault(ctx.stage, epoch, step, "nan") else loss.item()
-        # one collective per step: every rank stops at the same step, for a bad loss or a stop request
-        bad, stop = _agree(env, not math.isfinite(value), interrupt.local_request())
-        if bad:
-            bar.close()
-            dist.raise_on_main(env, StageFailed(
-                f"{ctx.stage}: the loss became {value} at epoch {epoch + 1}, step {step + 1}; nothing of this "
-                f"epoch was kept, the last good resume checkpoint is {ctx.run.rel(ctx.stage_path('last'))}/ - "
-                f"lower {ctx.stage}.lr and rerun (or --force to start over)"))
-        if stop:
-            save(epoch, step, sums)
-            bar.close()
-            dist.raise_on_main(env, Interrupted(f"interrupted at epoch {epoch + 1} of {ctx.stage} (after {step} "
-                                                "steps); rerun the same command to resume"))
+        _stop_if_asked(ctx, bar, save, epoch, step, value, sums)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -113,6 +105,24 @@ def train_one_epoch(ctx, model, loader, optimizer, loss_fn, ocfg, epoch, start_s
             os.kill(os.getpid(), signal.SIGKILL)
     bar.close()
     return reduce_sums(env, sums)
+
+
+def _stop_if_asked(ctx, bar, save, epoch, step, value, sums):
+    """One collective per step, before the update: every rank stops at the same step, for a non-finite loss
+    (nothing of this step is applied) or a Ctrl-C/SIGTERM on any rank (resume checkpoint written first)."""
+    env = ctx.env
+    bad, stop = _agree(env, not math.isfinite(value), interrupt.local_request())
+    if bad:
+        bar.close()
+        dist.raise_on_main(env, StageFailed(
+            f"{ctx.stage}: the loss became {value} at epoch {epoch + 1}, step {step + 1}; the last resume "
+            f"checkpoint ({ctx.run.rel(ctx.stage_path('last'))}/) is kept - lower {ctx.stage}.lr and rerun "
+            "(or --force to start over)"))
+    if stop:
+        save(epoch, step, sums)
+        bar.close()
+        dist.raise_on_main(env, Interrupted(f"interrupted at epoch {epoch + 1} of {ctx.stage} (after {step} "
+                                            "steps); rerun the same command to resume"))
 
 
 def _agree(env, *flags):
@@ -150,7 +160,12 @@ def fit(ctx, *, model, modules, optimizer, ocfg, loader, loss_fn, evaluate_fn, o
         if env.is_main:
             save_training_state(path, modules, optimizer, {
                 "stage": ctx.stage, "config_hash": ctx.config_hash, "inputs": ctx.inputs,
-                "epoch": epoch, "step": step, "history": history, "running": sums, "world_size": env.world})
+                "epoch": epoch, "step": step, "history": history, "running": sums, "world_size": env.world,
+                "best_val_acc": max((h["val_acc"] for h in history), default=None),
+                # the learning rate is a pure function of the global step and the RNG is re-seeded from
+                # (seed, stage, epoch, step, rank) every step: (epoch, step) restores both exactly
+                "lr_schedule": {"kind": ocfg.schedule, "global_step": epoch * len(loader.sampler.base) + step},
+                "rng": {"reseeded_from": [ctx.cfg.seed, ctx.stage, epoch, step]}})
         dist.barrier(env)
 
     for epoch in range(epoch0, ocfg.epochs):

@@ -11,8 +11,19 @@ from compress import dist
 from compress.checkpoint import save_weights
 from compress.context import StageResult
 from compress.data import eval_loader, load_data, train_loader
-from compress.distillation import FrozenTeacher, StudentWithRegressor, build_cache, probe_shapes
-from compress.losses import cosine_loss, hint_loss, kd_loss, make_regressor, reduce_width
+from compress.distillation import (
+    FrozenTeacher,
+    StudentWithRegressor,
+    build_cache,
+    probe_shapes,
+)
+from compress.losses import (
+    cosine_loss,
+    hint_loss,
+    kd_loss,
+    make_regressor,
+    reduce_width,
+)
 from compress.models import build_model, count_parameters
 from compress.train import build_optimizer, evaluate, fit
 

@@ -121,7 +121,8 @@ def compare(torch_model, onnx_model, loader):
 def checks(report, e):
     fp32, int8 = report["fp32"], report["int8"]
     return {
-        "fp32_parity": {"ok": fp32["max_abs_diff"] <= e.fp32_max_abs_diff and fp32["top1_agreement"] >= e.fp32_min_agreement,
+        "fp32_parity": {"ok": (fp32["max_abs_diff"] <= e.fp32_max_abs_diff
+                               and fp32["top1_agreement"] >= e.fp32_min_agreement),
                         "detail": f"max |diff| {fp32['max_abs_diff']:.2e} (limit {e.fp32_max_abs_diff:g}), top-1 "
                                   f"agreement {fp32['top1_agreement']:.4f} (min {e.fp32_min_agreement})"},
         "int8_parity": {"ok": int8["top1_agreement"] >= e.int8_min_agreement,

@@ -61,8 +61,9 @@ def run(ctx):
 
     batch = dist.per_rank_batch(q.batch_size, env, "qat.batch_size")
     loader = train_loader(data.train, batch, env.rank, env.world, cfg.seed, cfg.train.num_workers)
-    history = fit(ctx, model=ddp_model, modules={"model": prepared}, optimizer=build_optimizer(prepared.parameters(), q),
-                  ocfg=q, loader=loader, loss_fn=loss_fn, evaluate_fn=evaluate_fn, on_epoch_start=on_epoch_start)
+    history = fit(ctx, model=ddp_model, modules={"model": prepared},
+                  optimizer=build_optimizer(prepared.parameters(), q), ocfg=q, loader=loader, loss_fn=loss_fn,
+                  evaluate_fn=evaluate_fn, on_epoch_start=on_epoch_start)
 
     mismatched = dist.replica_mismatches(env, prepared)
     dist.fail_if(env, mismatched, f"qat: ranks disagree on {len(mismatched)} tensors after training "

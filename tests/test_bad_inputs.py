@@ -55,7 +55,8 @@ CASES = {
     # config files
     "config: unknown key": (
         lambda r, t: write(t / "c.yaml", "teacher:\n  epoch: 3\n"),
-        lambda r, t: ["run", "-c", t / "c.yaml", "--run-dir", r], "unknown key 'teacher.epoch' (did you mean 'teacher.epochs'?)"),
+        lambda r, t: ["run", "-c", t / "c.yaml", "--run-dir", r],
+        "unknown key 'teacher.epoch' (did you mean 'teacher.epochs'?)"),
     "config: wrong type": (
         lambda r, t: write(t / "c.yaml", "teacher:\n  batch_size: big\n"),
         lambda r, t: ["run", "-c", t / "c.yaml", "--run-dir", r], "teacher.batch_size: expected a whole number"),
@@ -92,11 +93,13 @@ CASES = {
         "data.root: folder"),
     # command-line arguments
     "cli: unknown stage": (
-        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--stages", "teacher,quantize"], "unknown stage 'quantize'"),
+        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--stages", "teacher,quantize"],
+        "unknown stage 'quantize'"),
     "cli: --set without =": (
         lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "teacher.epochs"], "expected KEY=VALUE"),
     "cli: misspelled --set key": (
-        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "qat.backnd=x86"], "did you mean 'qat.backend'"),
+        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "qat.backnd=x86"],
+        "did you mean 'qat.backend'"),
     "cli: zero processes": (
         lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--nproc-per-node", "0"], "--nproc-per-node"),
     "cli: cuda without a GPU": (
@@ -109,7 +112,8 @@ CASES = {
     # checkpoints
     "checkpoint: truncated": (
         lambda r, t: truncate(r / "teacher" / "model.safetensors"),
-        lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--force"], "is truncated or not a safetensors file"),
+        lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--force"],
+        "is truncated or not a safetensors file"),
     "checkpoint: edited bytes": (
         lambda r, t: flip_last_byte(r / "teacher" / "model.safetensors"),
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--force"], "was modified after it was written"),
@@ -133,7 +137,8 @@ CASES = {
         "differ in spatial size"),
     "checkpoint: truncated QAT state": (
         lambda r, t: truncate(r / "qat" / "qat.safetensors"),
-        lambda r, t: ["run", "--run-dir", r, "--stages", "export", "--force"], "is truncated or not a safetensors file"),
+        lambda r, t: ["run", "--run-dir", r, "--stages", "export", "--force"],
+        "is truncated or not a safetensors file"),
     # manifests
     "manifest: not JSON": (
         lambda r, t: write(r / "manifest.json", "{not json"),

@@ -4,12 +4,19 @@ import os
 import pytest
 import torch
 import torch.distributed as tdist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from compress import quant
-from compress.checkpoint import (atomic_write_bytes, load_training_state, load_weights, read_metadata, read_weights,
-                                 save_training_state, save_weights, sha256_file)
+from compress.checkpoint import (
+    atomic_write_bytes,
+    load_training_state,
+    load_weights,
+    read_metadata,
+    read_weights,
+    save_training_state,
+    save_weights,
+    sha256_file,
+)
 from compress.errors import CheckpointError
 from compress.models import build_model
 

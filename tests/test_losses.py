@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from compress.errors import InputError
-from compress.losses import cosine_loss, hint_loss, kd_loss, make_regressor, reduce_width
+from compress.losses import (
+    cosine_loss,
+    hint_loss,
+    kd_loss,
+    make_regressor,
+    reduce_width,
+)
 
 
 def test_kd_loss_matches_a_hand_computed_value():

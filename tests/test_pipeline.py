@@ -1,6 +1,6 @@
 import json
+import os
 
-import pytest
 import yaml
 
 from compress.checkpoint import read_weights
@@ -95,3 +95,29 @@ def test_qat_accuracy_budget_fails_the_stage_and_keeps_its_outputs(run_copy):
     assert json.loads((run_copy / "manifest.json").read_text())["stages"]["qat"]["status"] == "failed"
     shown = invoke("show", run_copy).output
     assert "qat      failed (qat: int8 accuracy" in shown
+
+
+def test_the_kd_tutorial_config_runs_its_models_and_layers(tmp_path):
+    """configs/cifar10-tutorial.yaml with 3x32x32 images from an imagefolder tree standing in for CIFAR-10:
+    the tutorial's teacher/student, cosine on flattened features (2048 -> 1024) and the 16 -> 32 channel hint."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path / "images"
+    rng = np.random.default_rng(0)
+    for cls in ("plane", "car"):
+        (root / cls).mkdir(parents=True)
+        for i in range(24):
+            Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(root / cls / f"{i}.png")
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                          "cifar10-tutorial.yaml")
+    result = invoke("run", "-c", config, "--run-dir", tmp_path / "run", "--stages", "teacher,distill",
+                    "--set", "data.name=imagefolder", "--set", f"data.root={root}", "--set", "data.image_size=32",
+                    "--set", "teacher.epochs=1", "--set", "distill.epochs=1", "--set", "teacher.batch_size=16",
+                    "--set", "distill.batch_size=16", "--set", "distill.cosine.weight=0.25",
+                    "--set", "distill.hint.weight=0.25", "--set", "train.progress=false")
+    assert result.exit_code == 0, result.output
+    epochs = json.loads((tmp_path / "run" / "distill" / "metrics.json").read_text())["epochs"]
+    assert {"train_ce", "train_kd", "train_cosine", "train_hint"} <= set(epochs[0])
+    _, meta = read_weights(tmp_path / "run" / "teacher" / "model.safetensors")
+    assert meta["model"] == "deep_cnn" and meta["input_shape"] == [3, 32, 32]

@@ -1,12 +1,11 @@
 """Crash and resume: a run killed with SIGKILL (or stopped with Ctrl-C) and rerun ends with weights
 bit-identical to an uninterrupted run with the same seed."""
 
+import json
 import os
 import random
 import signal
 import subprocess
-
-import json
 
 import torch
 
