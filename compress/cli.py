@@ -66,9 +66,21 @@ class CompressGroup(click.Group):
         except Exception as e:
             if _debug["on"]:
                 raise
-            click.echo(f"error: unexpected {e.__class__.__name__}: {e} (rerun with --debug for the traceback)",
-                       err=True)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            if "RANK" in os.environ and _is_peer_loss(e):
+                click.echo(f"error [rank {os.environ['RANK']}]: lost contact with another worker ({first[:160]}); "
+                           "with --max-restarts N torchrun restarts the group, which resumes from the last "
+                           "checkpoint", err=True)
+            else:
+                click.echo(f"error: unexpected {e.__class__.__name__}: {first} (rerun with --debug for the "
+                           "traceback)", err=True)
             ctx.exit(1)
+
+
+def _is_peer_loss(e):
+    text = str(e)
+    return type(e).__module__.startswith("torch.distributed") or any(
+        marker in text for marker in ("gloo", "NCCL", "Connection reset", "Connection closed by peer"))
 
 
 @click.group(cls=CompressGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

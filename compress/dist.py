@@ -68,14 +68,31 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
     backend = ""
     if world > 1:
         backend = "nccl" if device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(minutes=timeout_minutes)
         kwargs = {"device_id": device} if backend == "nccl" else {}
-        tdist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes), **kwargs)
+        store = _attempt_store(world, timeout)
+        if store is not None:
+            kwargs.update(store=store, rank=rank, world_size=world)
+        tdist.init_process_group(backend, timeout=timeout, **kwargs)
     env = DistEnv(rank, world, local_rank, local_world, device, backend)
     try:
         yield env
     finally:
         if tdist.is_available() and tdist.is_initialized():
             tdist.destroy_process_group()
+
+
+def _attempt_store(world, timeout):
+    """The elastic agent's store, with keys private to this restart attempt. After torchrun restarts a group
+    (--max-restarts), the agent's store still holds the dead workers' gloo addresses under the same keys,
+    and a new worker can read a stale one and wait forever to connect to it; a per-attempt prefix avoids
+    that. None (use env://) when the agent does not host the store."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    client = tdist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                            timeout=timeout)
+    return tdist.PrefixStore(f"compress/attempt_{attempt}", client)
 
 
 def barrier(env):

@@ -20,8 +20,11 @@ def relaunch(nproc, max_restarts, argv):
 
     # torchrun would otherwise warn that it sets this for us
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    # the agent's own log lines (rendezvous info, "shutting down workers", failure tables) would bury the
+    # workers' one-line messages; its loggers set their own levels, so quiet each one
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     args = get_args_parser().parse_args([
         f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
         "--module", "compress", *argv])

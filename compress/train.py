@@ -54,10 +54,15 @@ def seed_step(seed, stage, epoch, step, rank):
 
 
 def _fault(stage, epoch, step, kind):
-    """Testing hook: COMPRESS_FAULT=stage:epoch:step[:nan] SIGKILLs this process after that step's update (a
-    real kill -9 at a reproducible moment) or, with :nan, makes that step's loss NaN. Used by the tests."""
+    """Testing hook: COMPRESS_FAULT=stage:epoch:step[:kill|nan[:rank]] SIGKILLs this process after that step's
+    update (a real kill -9 at a reproducible moment) or makes that step's loss NaN; only on `rank` if given,
+    and only in the first attempt of a torchrun group (a restarted group runs clean). Used by the tests."""
     parts = os.environ.get("COMPRESS_FAULT", "").split(":")
-    return parts[:3] == [stage, str(epoch), str(step)] and (parts[3] if len(parts) > 3 else "kill") == kind
+    if parts[:3] != [stage, str(epoch), str(step)] or (parts[3] if len(parts) > 3 else "kill") != kind:
+        return False
+    if len(parts) > 4 and parts[4] != os.environ.get("RANK", "0"):
+        return False
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
 
 @torch.no_grad()

@@ -5,14 +5,23 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 from compress.checkpoint import read_weights
 from conftest import compress_subprocess
 
 
-def test_two_processes_run_the_pipeline_with_identical_replicas(finished_run, tiny_config, tmp_path):
-    run = tmp_path / "ddp"
+@pytest.fixture(scope="module")
+def ddp_run(tiny_config, tmp_path_factory):
+    run = tmp_path_factory.mktemp("ddp") / "run"
     proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--nproc-per-node", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return run, proc.stderr
+
+
+def test_two_processes_run_the_pipeline_with_identical_replicas(finished_run, ddp_run):
+    run, stderr = ddp_run
     manifest = json.loads((run / "manifest.json").read_text())["stages"]
     assert all(manifest[s]["world_size"] == 2 for s in ("teacher", "distill", "qat", "export"))
     # every parameter identical across ranks after training; after the freeze epochs, every observer,
@@ -24,12 +33,27 @@ def test_two_processes_run_the_pipeline_with_identical_replicas(finished_run, ti
         tensors, _ = read_weights(run / rel)
         assert not any(k.startswith("module.") for k in tensors), rel
     # rank 0 alone logs and writes
-    assert proc.stderr.count("teacher: epoch 1/2") == 1
+    assert stderr.count("teacher: epoch 1/2") == 1
     assert len(json.loads((run / "teacher" / "metrics.json").read_text())["epochs"]) == 2
     # same global batch as the 1-process run: comparable accuracy
     single = json.loads((finished_run / "manifest.json").read_text())["stages"]
     for stage, key in (("teacher", "val_acc"), ("distill", "val_acc"), ("qat", "int8_acc")):
         assert abs(manifest[stage]["metrics"][key] - single[stage]["metrics"][key]) < 6.0, stage
+
+
+def test_a_lost_worker_restarts_the_group_which_resumes_identically(ddp_run, tiny_config, tmp_path):
+    """kill -9 of rank 1 mid-epoch; --max-restarts 1 restarts both workers, which resume from the last
+    checkpoint and end with the weights of the uninterrupted 2-process run."""
+    reference, _ = ddp_run
+    run = tmp_path / "lost"
+    proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher",
+                               "--nproc-per-node", "2", "--max-restarts", "1",
+                               env={"COMPRESS_FAULT": "teacher:1:6:kill:1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "lost contact with another worker" in proc.stderr and "resuming" in proc.stderr
+    a, _ = read_weights(reference / "teacher" / "model.safetensors")
+    b, _ = read_weights(run / "teacher" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_torchrun_launch_trains_the_teacher(tiny_config, tmp_path):
