@@ -6,7 +6,9 @@ random time, sends SIGKILL (anywhere: training, evaluation, teacher caching, a c
 then the next round continues on the same directory. After the kills, one final run completes the pipeline,
 and the outputs are compared with a reference run. Repeat `--trials` times.
 
-    python benchmarks/soak.py --kills 20                      # configs/digits-quick.yaml, ~10 minutes
+    python benchmarks/soak.py --kills 20                      # configs/digits-quick.yaml, ~5 minutes
+    python benchmarks/soak.py --kills 20 --set teacher.epochs=8 --set distill.epochs=8 --set qat.epochs=4 \
+        --set train.checkpoint_every=10                       # longer training: more kills land mid-epoch
     python benchmarks/soak.py --config configs/default.yaml --kills 20
 """
 
@@ -50,22 +52,24 @@ def main():
     parser.add_argument("--kills", type=int, default=20, help="random SIGKILLs in all")
     parser.add_argument("--kills-per-trial", type=int, default=2)
     parser.add_argument("--seed", type=int, default=None, help="seed for the kill times (default: random)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as tmp:
         reference = os.path.join(tmp, "reference")
         start = time.perf_counter()
-        finish(["run", "-c", args.config, "--run-dir", reference])
+        base = ["-c", args.config, *[a for kv in args.set for a in ("--set", kv)]]
+        finish(["run", *base, "--run-dir", reference])
         duration = time.perf_counter() - start
-        print(f"reference run: {duration:.1f}s; kill seed {seed}")
+        print(f"reference run: {duration:.1f}s; kill seed {seed}", flush=True)
         trials, identical, kills = 0, 0, 0
         while kills < args.kills:
             trials += 1
             run = os.path.join(tmp, f"trial{trials}")
             moments = []
             for _ in range(min(args.kills_per_trial, args.kills - kills)):
-                proc = compress(["run", "-c", args.config, "--run-dir", run])
+                proc = compress(["run", *base, "--run-dir", run])
                 delay = rng.uniform(0.5, duration)
                 try:
                     proc.wait(timeout=delay)
@@ -75,13 +79,13 @@ def main():
                     proc.wait()
                     moments.append(f"{delay:.1f}s")
                     kills += 1
-            err = finish(["run", "-c", args.config, "--run-dir", run])
+            err = finish(["run", *base, "--run-dir", run])
             same = [rel for rel in COMPARED if read(os.path.join(reference, rel)) == read(os.path.join(run, rel))]
             ok = len(same) == len(COMPARED)
             identical += ok
             resumed = "resumed" if "resuming" in err else "no resume needed"
             print(f"trial {trials}: killed at {', '.join(moments)}; {resumed}; "
-                  f"{'identical' if ok else 'DIFFERENT: ' + ', '.join(set(COMPARED) - set(same))}")
+                  f"{'identical' if ok else 'DIFFERENT: ' + ', '.join(set(COMPARED) - set(same))}", flush=True)
             shutil.rmtree(run)
         print(f"\n{kills} kills in {trials} trials: {identical} of {trials} trials ended byte-identical "
               f"to the uninterrupted run")

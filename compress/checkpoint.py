@@ -97,7 +97,18 @@ def tensors_of(model):
 def save_weights(path, model, metadata):
     """Save the unwrapped model's weights with string metadata (stage, model, config hash, ...)."""
     meta = {"format": FORMAT, **{k: _meta_str(v) for k, v in metadata.items()}}
-    atomic_write_bytes(path, st_save(tensors_of(model), metadata=meta))
+    atomic_write_bytes(path, serialize(tensors_of(model), meta))
+
+
+def serialize(tensors, metadata):
+    """safetensors bytes with a canonical header. safetensors writes its JSON header from hash maps, so the
+    key order (and the file's sha256) changes from process to process; sorting the header makes identical
+    weights give identical files, and the manifest's hashes mean "same content"."""
+    data = st_save(tensors, metadata=metadata)
+    size = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8:8 + size]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # the format pads the header with spaces to 8-byte alignment
+    return len(header).to_bytes(8, "little") + header + data[8 + size:]
 
 
 def _meta_str(value):
@@ -214,7 +225,7 @@ def save_training_state(path, modules, optimizer, state):
                 scalars[f"{pid}.{name}"] = value
     meta = {"format": FORMAT, "state": json.dumps(state),
             "optimizer": json.dumps({"param_groups": opt["param_groups"], "scalars": scalars})}
-    atomic_write_bytes(path, st_save(tensors, metadata=meta))
+    atomic_write_bytes(path, serialize(tensors, meta))
 
 
 def load_training_state(path, modules, optimizer):

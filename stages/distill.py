@@ -84,10 +84,10 @@ def run(ctx):
     cfg, env, d = ctx.cfg, ctx.env, ctx.cfg.distill
     data = load_data(cfg.data, cfg.seed)
     teacher_model, _ = ctx.load_model("teacher/model.safetensors", cfg.model.teacher, data, expect_stage="teacher")
-    teacher = FrozenTeacher(teacher_model.to(env.device),
-                            cosine_layer=d.cosine.teacher_layer if d.cosine.weight else None,
+    teacher = FrozenTeacher(teacher_model, cosine_layer=d.cosine.teacher_layer if d.cosine.weight else None,
                             hint_layer=d.hint.teacher_layer if d.hint.weight else None)
-    student = build_student(cfg, data, teacher).to(env.device)
+    student = build_student(cfg, data, teacher).to(env.device)  # shapes probed on the CPU, then moved
+    teacher.model.to(env.device)
     ctx.begin()
     ddp_student = dist.wrap_ddp(student, env)
     val = eval_loader(data.val, cfg.train.eval_batch_size, env.rank, env.world, cfg.train.num_workers)

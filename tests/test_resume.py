@@ -23,6 +23,8 @@ def assert_identical(run_a, run_b, stages):
         assert a.keys() == b.keys()
         different = [k for k in a if not torch.equal(a[k], b[k])]
         assert not different, f"{stage}: {len(different)} tensors differ after resuming, e.g. {different[:3]}"
+        # canonical safetensors headers: the same weights give the same file, byte for byte
+        assert (run_a / FILES[stage]).read_bytes() == (run_b / FILES[stage]).read_bytes(), stage
 
 
 def test_kill_9_in_each_training_stage_then_resume_is_bit_identical(finished_run, tiny_config, tmp_path):

@@ -1,0 +1,105 @@
+"""The click group, its error handling (one line per error, tracebacks only with --debug) and logging."""
+
+import logging
+import os
+import sys
+
+import click
+
+from compress import __version__
+from compress.errors import EXIT_INTERRUPTED, CompressError
+
+log = logging.getLogger("compress")
+
+STAGE_ORDER = ("teacher", "distill", "qat", "export")  # kept equal to stages.ORDER by a test; importing
+# `stages` here would import torch, and `compress --help` should answer instantly
+
+_debug = {"on": bool(os.environ.get("COMPRESS_DEBUG"))}
+
+
+def _set_debug(ctx, param, value):
+    if value:
+        _debug["on"] = True
+    return value
+
+
+debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
+                            help="Show full tracebacks for errors.")
+
+
+def setup_logging(rank=0):
+    handler = logging.StreamHandler(sys.stderr)
+    prefix = "" if rank == 0 else f"[rank {rank}] "
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(message)s", datefmt="%H:%M:%S"))
+    for name in ("compress", "stages"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+        logger.propagate = False
+
+
+class CompressGroup(click.Group):
+    """Turns errors into one line on stderr and an exit code; tracebacks only with --debug."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except CompressError as e:
+            if _debug["on"]:
+                raise
+            from compress.dist import MirroredError
+
+            rank = int(os.environ.get("RANK", 0))
+            if not isinstance(e, MirroredError):  # rank 0 already said it
+                click.echo(f"error: {e}" if rank == 0 else f"error [rank {rank}]: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except BrokenPipeError:  # `compress ... | head`: the reader left; say nothing more
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(0)
+        except KeyboardInterrupt:
+            if _debug["on"]:
+                raise
+            click.echo("interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except Exception as e:
+            if _debug["on"]:
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            if "RANK" in os.environ and _is_peer_loss(e):
+                click.echo(f"error [rank {os.environ['RANK']}]: lost contact with another worker ({first[:160]}); "
+                           "with --max-restarts N torchrun restarts the group, which resumes from the last "
+                           "checkpoint", err=True)
+            else:
+                click.echo(f"error: unexpected {e.__class__.__name__}: {first} (rerun with --debug for the "
+                           "traceback)", err=True)
+            ctx.exit(1)
+
+
+def _is_peer_loss(e):
+    text = str(e)
+    return type(e).__module__.startswith("torch.distributed") or any(
+        marker in text for marker in ("gloo", "NCCL", "Connection reset", "Connection closed by peer"))
+
+
+@click.group(cls=CompressGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="compress")
+@debug_option
+def cli():
+    """compress: a training set in, a small, fast, verified int8 ONNX model out.
+
+    \b
+    Stages (each reads the previous one's files from the run directory):
+      teacher   train a large model under DDP
+      distill   train a small student from the teacher (KD, cosine, FitNets hint)
+      qat       quantization-aware fine-tuning, prepare_qat_fx / convert_fx
+      export    float and int8 ONNX, verified with onnxruntime
+
+    \b
+    Example:
+      compress run                                  # all four stages, default config (offline MNIST)
+      compress run --stages teacher --set teacher.epochs=5
+      compress run --nproc-per-node 2               # 2 DDP processes (gloo on CPU, nccl on GPU)
+      compress show artifacts/default
+    """

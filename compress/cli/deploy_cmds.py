@@ -1,0 +1,68 @@
+"""`compress predict` and `compress bench`: the deployment side, onnxruntime only."""
+
+import click
+
+from compress.cli.base import cli, debug_option
+
+
+def _int_list(value, name):
+    try:
+        items = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        items = []
+    if not items or min(items) < 1:
+        raise click.BadParameter(f"expected comma-separated positive whole numbers, got '{value}'", param_hint=name)
+    return items
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("images", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--top-k", type=click.IntRange(1), default=3, show_default=True, help="Classes to show per image.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@debug_option
+def predict(model, images, top_k, as_json):
+    """Classify image files with an exported ONNX model (onnxruntime + numpy + Pillow only).
+
+    Preprocessing (size, channels, mean/std) and class names are read from the model file.
+
+    \b
+    Example:
+      compress predict artifacts/default/export/model.int8.onnx digit1.png digit2.png
+    """
+    from compress.deploy import OnnxModel
+
+    results = OnnxModel(model).predict(list(images), top_k=top_k)
+    if as_json:
+        import json
+
+        click.echo(json.dumps([{"image": path, "top": [{"class": c, "probability": round(p, 6)} for c, p in top]}
+                               for path, top in results], indent=2))
+        return
+    for path, top in results:
+        click.echo(f"{path}: " + ", ".join(f"{c} ({p:.1%})" for c, p in top))
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--batch", default="1,64", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--threads", default=None, help="Comma-separated thread counts [default: 1,<all cores>].")
+@click.option("--repeats", type=click.IntRange(1), default=30, show_default=True, help="Timed runs per cell.")
+@click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="Untimed runs first.")
+@debug_option
+def bench(model, batch, threads, repeats, warmup):
+    """Time an ONNX model with onnxruntime: median latency per batch size and thread count.
+
+    \b
+    Example:
+      compress bench artifacts/default/export/model.int8.onnx --batch 1,64 --threads 1,2
+    """
+    from compress.deploy import OnnxModel, latency_table
+
+    OnnxModel(model, require_metadata=False)  # a clear error for a missing or non-ONNX file
+    thread_list = _int_list(threads, "--threads") if threads else None
+    rows = latency_table(model, _int_list(batch, "--batch"), thread_list, repeats, warmup)
+    click.echo(f"{model} (onnxruntime, CPU, median of {repeats})")
+    click.echo(f"{'batch':>6} {'threads':>8} {'ms':>10} {'images/s':>12}")
+    for r in rows:
+        click.echo(f"{r['batch']:>6} {r['threads']:>8} {r['ms']:>10.3f} {r['images_per_s']:>12,.0f}")

@@ -1,0 +1,68 @@
+"""`compress show` and `compress report`: looking at a run directory."""
+
+import click
+
+from compress.cli.base import cli, debug_option
+
+
+def _existing_run(run_dir):
+    from compress.rundir import RunDir
+
+    run = RunDir(run_dir)
+    if not run.exists():
+        raise click.BadParameter(f"'{run_dir}' is not a compress run directory (no manifest.json)",
+                                 param_hint="RUN_DIR")
+    return run
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@debug_option
+def show(run_dir):
+    """Status of every stage in a run directory, its key metrics, and its files checked against sha256.
+
+    \b
+    Example:
+      compress show artifacts/default
+    """
+    from compress.pipeline import stage_status
+    from compress.rundir import file_check
+    from stages import STAGES
+
+    run = _existing_run(run_dir)
+    manifest = run.manifest()
+    click.echo(f"run {run.root}")
+    for name, spec in STAGES.items():
+        state, detail = stage_status(run, spec, manifest)
+        entry = manifest["stages"].get(name) or {}
+        line = f"{name:8} {state}" + (f" ({detail})" if detail else "")
+        if entry.get("seconds") is not None and state != "not run":
+            line += f"  {entry['seconds']:.1f}s, {entry.get('world_size', 1)} process(es)"
+        click.echo(line)
+        metrics = entry.get("metrics") or {}
+        shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if shown and state in ("complete", "invalidated"):
+            click.echo("         " + ", ".join(f"{k} {_short(v)}" for k, v in list(shown.items())[:6]))
+        for rel, sha in (entry.get("outputs") or {}).items():
+            click.echo(f"         {file_check(run, rel, sha):9} {rel}")
+
+
+def _short(value):
+    return f"{value:.4g}" if isinstance(value, float) else f"{value:,}"
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@debug_option
+def report(run_dir):
+    """Write report.md, report.json and report.png for a run directory and print the table.
+
+    \b
+    Example:
+      compress report artifacts/default
+    """
+    from compress.report import markdown_table, write_report
+
+    run = _existing_run(run_dir)
+    click.echo(markdown_table(write_report(run)))
+    click.echo(f"report: {run.path('report.md')}")

@@ -1,0 +1,173 @@
+"""`compress run`, `stages`, `config`, `models`: running the pipeline and describing it."""
+
+import os
+import sys
+
+import click
+
+from compress.cli.base import STAGE_ORDER, _debug, cli, debug_option, log, setup_logging
+from compress.errors import CompressError
+
+
+def parse_stages(value):
+    names = [s.strip() for s in value.split(",") if s.strip()]
+    unknown = [n for n in names if n not in STAGE_ORDER]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown stage '{unknown[0] if unknown else value}'; valid stages: "
+                                 f"{', '.join(STAGE_ORDER)} (comma-separated)", param_hint="--stages")
+    return [s for s in STAGE_ORDER if s in names]
+
+
+def resolve_run_dir(run_dir, name, config_path):
+    if run_dir:
+        return run_dir
+    stem = os.path.splitext(os.path.basename(config_path))[0] if config_path else "default"
+    return os.path.join("artifacts", name or stem)
+
+
+@cli.command()
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
+              help="YAML config. Default: the run directory's config.yaml if it has one, else the built-in "
+                   "defaults (configs/default.yaml).")
+@click.option("--stages", "stages", default=",".join(STAGE_ORDER), show_default=True,
+              help="Comma-separated stages to run; they always run in pipeline order.")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Where outputs go. Default: artifacts/<name>.")
+@click.option("--name", help="Run name under artifacts/ (default: the config file's name, or 'default').")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config value, e.g. --set teacher.epochs=5 (repeatable).")
+@click.option("--nproc-per-node", type=click.IntRange(1), default=1, show_default=True,
+              help="Processes on this node; >1 re-launches through torchrun (DDP).")
+@click.option("--max-restarts", type=click.IntRange(0), default=0, show_default=True,
+              help="With --nproc-per-node: restart the worker group this many times if a worker dies; "
+                   "restarted workers resume from the last checkpoint.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Overrides train.device.")
+@click.option("--force", is_flag=True, help="Redo the selected stages even if they are up to date.")
+@debug_option
+def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_restarts, device, force):
+    """Run pipeline stages: skip what is up to date, resume what was interrupted.
+
+    \b
+    Examples:
+      compress run                                      # teacher, distill, qat, export
+      compress run --stages teacher,distill -c configs/default.yaml
+      compress run --stages qat --set qat.epochs=3      # rerun one stage from the previous output
+      compress run --nproc-per-node 2 --max-restarts 1  # 2 processes; survive a lost worker
+      torchrun --nproc_per_node 2 -m compress run       # the same, launched by hand (or multi-node)
+    """
+    from compress.config import load_config
+    from compress.dist import launched_by_torchrun
+
+    stage_names = parse_stages(stages)
+    run_dir = resolve_run_dir(run_dir, name, config_path)
+    if not config_path and os.path.isfile(os.path.join(run_dir, "config.yaml")):
+        config_path = os.path.join(run_dir, "config.yaml")
+    overrides = list(overrides) + ([f"train.device={device}"] if device else [])
+    try:
+        cfg = load_config(config_path, overrides)
+    except CompressError as e:  # every torchrun worker parses the same config: let rank 0 alone say so
+        from compress.dist import MirroredError
+
+        raise e if int(os.environ.get("RANK", 0)) == 0 else MirroredError(str(e), e.exit_code)
+    if nproc_per_node > 1 and not launched_by_torchrun():
+        from compress.launch import relaunch
+
+        argv = ["run", "--stages", ",".join(stage_names), "--run-dir", run_dir]
+        argv += (["--config", config_path] if config_path else []) + (["--force"] if force else [])
+        argv += [a for o in overrides for a in ("--set", o)] + (["--debug"] if _debug["on"] else [])
+        click.echo(f"compress: starting {nproc_per_node} processes (torchrun)", err=True)
+        sys.exit(relaunch(nproc_per_node, max_restarts, argv))
+    from compress.pipeline import run_pipeline
+
+    rank = int(os.environ.get("RANK", 0))
+    setup_logging(rank)
+    if config_path and rank == 0:
+        log.info("config %s, run directory %s", config_path, run_dir)
+    # a worker restarted by torchrun after losing a peer resumes instead of redoing forced stages
+    force = force and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0
+    results = run_pipeline(cfg, run_dir, stage_names, force=force)
+    if rank == 0 and results.get("report"):
+        from compress.report import markdown_table
+
+        click.echo(markdown_table(results["report"]))
+        click.echo(f"report: {os.path.join(run_dir, 'report.md')}")
+
+
+@cli.command("stages")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Also show each stage's status in this run.")
+@debug_option
+def stages_cmd(run_dir):
+    """List the stages, what each reads and writes, and (with --run-dir) their status.
+
+    \b
+    Example:
+      compress stages --run-dir artifacts/default
+    """
+    from compress.config import Config
+    from compress.pipeline import stage_status
+    from compress.rundir import RunDir
+    from stages import STAGES
+
+    cfg = Config()
+    run = RunDir(run_dir) if run_dir else None
+    if run and not os.path.isdir(run.root):
+        raise click.BadParameter(f"'{run_dir}' does not exist", param_hint="--run-dir")
+    manifest = run.manifest() if run else None
+    for name in STAGE_ORDER:
+        spec = STAGES.get(name)
+        if spec is None:
+            click.echo(f"{name:8} (not built yet)")
+            continue
+        reads = ", ".join(rel for _, rel in spec.inputs(cfg)) or "the dataset"
+        line = f"{name:8} {spec.SUMMARY}\n         reads:  {reads}\n         writes: {', '.join(spec.OUTPUTS)}"
+        if run:
+            state, detail = stage_status(run, spec, manifest)
+            line += f"\n         status: {state}" + (f" ({detail})" if detail else "")
+        click.echo(line)
+
+
+@cli.command("config")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="YAML config to resolve.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a value (repeatable).")
+@click.option("--reference", is_flag=True, help="Print every key with its type, default and meaning (Markdown).")
+@debug_option
+def config_cmd(config_path, overrides, reference):
+    """Validate a config and print it resolved (defaults filled in, overrides applied).
+
+    \b
+    Examples:
+      compress config -c configs/cifar10-tutorial.yaml --set distill.epochs=2
+      compress config --reference
+    """
+    from compress.config import Config, dump_config, load_config
+
+    if reference:
+        from compress.schema import reference as rows
+
+        click.echo("| key | type | default | meaning |\n|---|---|---|---|")
+        for key, tp, default, help_text in rows(Config):
+            click.echo(f"| `{key}` | {tp} | `{_yaml_value(default)}` | {help_text} |")
+        return
+    click.echo(dump_config(load_config(config_path, overrides)), nl=False)
+
+
+def _yaml_value(value):
+    import json
+
+    return "null" if value is None else json.dumps(value) if not isinstance(value, str) else value
+
+
+@cli.command("models")
+def models_cmd():
+    """List the model and dataset registries (names to use in model.* and data.name).
+
+    \b
+    Example:
+      compress models
+    """
+    from compress.data import DATASETS
+    from compress.models import DESCRIPTIONS
+
+    click.echo("models:")
+    for name, text in DESCRIPTIONS.items():
+        click.echo(f"  {name:26} {text}")
+    click.echo("datasets: " + ", ".join(DATASETS))
