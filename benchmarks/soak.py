@@ -15,6 +15,7 @@ and the outputs are compared with a reference run. Repeat `--trials` times.
 import argparse
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -27,7 +28,7 @@ COMPARED = ("teacher/model.safetensors", "distill/model.safetensors", "qat/qat.s
             "export/model.fp32.onnx", "export/model.int8.onnx")
 
 
-def compress(args, timeout=3600):
+def compress(args):
     exe = os.path.join(os.path.dirname(sys.executable), "compress")
     return subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -63,33 +64,60 @@ def main():
         finish(["run", *base, "--run-dir", reference])
         duration = time.perf_counter() - start
         print(f"reference run: {duration:.1f}s; kill seed {seed}", flush=True)
-        trials, identical, kills = 0, 0, 0
+        trials, identical, kills, resumed = 0, 0, 0, 0
         while kills < args.kills:
             trials += 1
             run = os.path.join(tmp, f"trial{trials}")
-            moments = []
+            events = []  # (delay, what the killed run was doing) per kill
+            logs = []
             for _ in range(min(args.kills_per_trial, args.kills - kills)):
                 proc = compress(["run", *base, "--run-dir", run])
                 delay = rng.uniform(0.5, duration)
                 try:
-                    proc.wait(timeout=delay)
-                    moments.append(f"{delay:.1f}s (finished first)")
+                    _, err = proc.communicate(timeout=delay)
+                    logs.append(err)
+                    events.append(None)
                 except subprocess.TimeoutExpired:
                     proc.send_signal(signal.SIGKILL)
-                    proc.wait()
-                    moments.append(f"{delay:.1f}s")
+                    _, err = proc.communicate()
+                    logs.append(err)
+                    events.append((delay, doing(err)))
                     kills += 1
-            err = finish(["run", *base, "--run-dir", run])
+            logs.append(finish(["run", *base, "--run-dir", run]))
+            notes = []
+            for i, event in enumerate(events):
+                if event is None:
+                    continue
+                nxt = logs[i + 1]
+                resumed += "resuming" in nxt
+                after = "resumed " + RESUME.search(nxt).group(1) if "resuming" in nxt else "nothing to resume"
+                notes.append(f"{event[0]:.1f}s into a run, during {event[1]} -> {after}")
             same = [rel for rel in COMPARED if read(os.path.join(reference, rel)) == read(os.path.join(run, rel))]
             ok = len(same) == len(COMPARED)
             identical += ok
-            resumed = "resumed" if "resuming" in err else "no resume needed"
-            print(f"trial {trials}: killed at {', '.join(moments)}; {resumed}; "
-                  f"{'identical' if ok else 'DIFFERENT: ' + ', '.join(set(COMPARED) - set(same))}", flush=True)
+            verdict = "identical" if ok else "DIFFERENT: " + ", ".join(sorted(set(COMPARED) - set(same)))
+            print(f"trial {trials}: {'; '.join(notes) or 'no kill landed'}; {verdict}", flush=True)
             shutil.rmtree(run)
-        print(f"\n{kills} kills in {trials} trials: {identical} of {trials} trials ended byte-identical "
-              f"to the uninterrupted run")
+        print(f"\n{kills} kills in {trials} trials ({resumed} continued from a resume checkpoint): {identical} of "
+              f"{trials} trials ended byte-identical to the uninterrupted run")
         sys.exit(0 if identical == trials else 1)
+
+
+STAGE_LINE = re.compile(r"^\S+ (teacher|distill|qat|export): (.*)$")
+RESUME = re.compile(r"(\w+: resuming the interrupted run [^\n]*)")
+
+
+def doing(stderr):
+    """What a killed run was doing, from its last stage log line."""
+    lines = [m.groups() for m in map(STAGE_LINE.match, stderr.splitlines()) if m]
+    if not lines:
+        return "start-up (imports, data)"
+    stage, text = lines[-1]
+    if text.startswith("epoch"):
+        return f"{stage} training after {text.split(' train_loss')[0]}"
+    if text.startswith("done"):
+        return f"the step after {stage}"
+    return f"{stage} ({text[:40]})"
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def train_one_epoch(ctx, model, loader, optimizer, loss_fn, ocfg, epoch, start_s
         x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
         loss, parts = loss_fn(x, y, idx)
         value = float("nan") if _fault(ctx.stage, epoch, step, "nan") else loss.item()
-        _stop_if_asked(ctx, bar, save, epoch, step, value, sums)
+        stop = _check_step(ctx, bar, epoch, step, value)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -103,6 +103,11 @@ def train_one_epoch(ctx, model, loader, optimizer, loss_fn, ocfg, epoch, start_s
         for name, part in parts.items():
             sums[name] = sums.get(name, 0.0) + float(part) * n
         bar.update(loss=value)
+        if stop:  # Ctrl-C / SIGTERM on any rank: this step is done; checkpoint and leave together
+            save(epoch, step + 1, sums)
+            bar.close()
+            dist.raise_on_main(env, Interrupted(f"interrupted at epoch {epoch + 1} of {ctx.stage} (after "
+                                                f"{step + 1} steps); rerun the same command to resume"))
         every = ctx.cfg.train.checkpoint_every
         if every and (step + 1) % every == 0 and step + 1 < steps_per_epoch:
             save(epoch, step + 1, sums)
@@ -112,9 +117,10 @@ def train_one_epoch(ctx, model, loader, optimizer, loss_fn, ocfg, epoch, start_s
     return reduce_sums(env, sums)
 
 
-def _stop_if_asked(ctx, bar, save, epoch, step, value, sums):
-    """One collective per step, before the update: every rank stops at the same step, for a non-finite loss
-    (nothing of this step is applied) or a Ctrl-C/SIGTERM on any rank (resume checkpoint written first)."""
+def _check_step(ctx, bar, epoch, step, value):
+    """One collective per step, before the update, so every rank acts at the same step: a non-finite loss on
+    any rank fails the stage (nothing of this step is applied); returns whether any rank was asked to stop
+    (Ctrl-C / SIGTERM), which the caller honours once this step's update is done."""
     env = ctx.env
     bad, stop = _agree(env, not math.isfinite(value), interrupt.local_request())
     if bad:
@@ -123,11 +129,7 @@ def _stop_if_asked(ctx, bar, save, epoch, step, value, sums):
             f"{ctx.stage}: the loss became {value} at epoch {epoch + 1}, step {step + 1}; the last resume "
             f"checkpoint ({ctx.run.rel(ctx.stage_path('last'))}/) is kept - lower {ctx.stage}.lr and rerun "
             "(or --force to start over)"))
-    if stop:
-        save(epoch, step, sums)
-        bar.close()
-        dist.raise_on_main(env, Interrupted(f"interrupted at epoch {epoch + 1} of {ctx.stage} (after {step} "
-                                            "steps); rerun the same command to resume"))
+    return stop
 
 
 def _agree(env, *flags):
