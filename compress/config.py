@@ -284,8 +284,8 @@ def dump_config(cfg):
     return yaml.safe_dump(schema.to_dict(cfg), sort_keys=False)
 
 
-def section_hash(cfg, keys):
-    """Stable hash of the config parts a stage depends on (`keys` like 'data', 'model.teacher')."""
+def config_slice(cfg, keys):
+    """The parts of the config a stage depends on, by dotted key ('data', 'model.teacher', ...)."""
     whole = schema.to_dict(cfg)
     picked = {}
     for key in keys:
@@ -293,5 +293,10 @@ def section_hash(cfg, keys):
         for part in key.split("."):
             node = node[part]
         picked[key] = node
-    blob = json.dumps(picked, sort_keys=True).encode()
+    return picked
+
+
+def section_hash(cfg, keys):
+    """Stable hash of `config_slice(cfg, keys)`: what decides whether a finished stage is still up to date."""
+    blob = json.dumps(config_slice(cfg, keys), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

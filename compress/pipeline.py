@@ -10,12 +10,11 @@ import time
 
 from compress import dist, interrupt
 from compress.checkpoint import read_metadata, sha256_file
-from compress.config import dump_config, section_hash
+from compress.config import config_slice, dump_config, section_hash
 from compress.context import StageContext, StageResult
 from compress.errors import CompressError, InputError, Interrupted
 from compress.report import write_report
 from compress.rundir import RunDir, now, versions
-from compress.schema import to_dict
 from stages import STAGES
 
 log = logging.getLogger(__name__)
@@ -101,17 +100,6 @@ def _run_stage(run, cfg, env, spec, decision, written):
     return vars(result)
 
 
-def stage_config(cfg, spec):
-    whole = to_dict(cfg)
-    picked = {}
-    for key in spec.CONFIG_KEYS:
-        node = whole
-        for part in key.split("."):
-            node = node[part]
-        picked[key] = node
-    return picked
-
-
 def decide(run, cfg, spec, force):
     """{"action": skip|resume|fresh, "reason", "config_hash", "config", "inputs"} for one stage."""
     stages = run.manifest()["stages"]
@@ -123,7 +111,7 @@ def decide(run, cfg, spec, force):
             raise InputError(f"run the {upstream} stage first: {rel} is not in {run.root} "
                              f"(add {upstream} to --stages, or point --run-dir at a run that has it)")
         inputs[rel] = entry["outputs"][rel]
-    decision = {"config_hash": section_hash(cfg, spec.CONFIG_KEYS), "config": stage_config(cfg, spec),
+    decision = {"config_hash": section_hash(cfg, spec.CONFIG_KEYS), "config": config_slice(cfg, spec.CONFIG_KEYS),
                 "inputs": inputs}
     entry = stages.get(spec.NAME)
     if force:
