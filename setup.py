@@ -1,8 +1,13 @@
+import re
+
 from setuptools import find_packages, setup
+
+# one version source: compress/__init__.py (read as text: importing the package would need torch installed)
+VERSION = re.search(r'__version__ = "([^"]+)"', open("compress/__init__.py", encoding="utf-8").read()).group(1)
 
 setup(
     name="compress",
-    version="0.1.0",
+    version=VERSION,
     description="Teacher -> distilled student -> QAT -> verified int8 ONNX, under DDP, from one command.",
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",

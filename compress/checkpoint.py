@@ -1,4 +1,5 @@
-"""Checkpoints: safetensors for tensors, JSON for everything else, atomic writes, no pickle anywhere.
+"""Checkpoints: safetensors for tensors, JSON for everything else, no pickle anywhere (writes are atomic:
+`compress.fileio`).
 
 - `save_weights` / `load_weights`: a stage's final model. Keys never carry `module.` (DDP) or `_orig_mod.`
   (torch.compile): the model is unwrapped once before saving. Metadata names the stage and model so a
@@ -11,67 +12,16 @@
 
 import hashlib
 import json
-import os
-import tempfile
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from compress.errors import CheckpointError
+from compress.errors import CheckpointError, InputError
+from compress.fileio import atomic_write_bytes, dumps, open_regular, read_bytes
 
 FORMAT = "compress/1"
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def atomic_write_bytes(path, data):
-    """Write to a temp file in the same folder, fsync, then rename over `path`: readers see old or new."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give the usual permissions
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(folder)
-
-
-def _fsync_dir(folder):
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path, text):
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path, obj):
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def unwrap(model):
@@ -112,19 +62,16 @@ def serialize(tensors, metadata):
 
 
 def _meta_str(value):
-    return value if isinstance(value, str) else json.dumps(value)
+    return value if isinstance(value, str) else dumps(value)
 
 
 def read_safetensors(path, what="checkpoint", expect_sha256=None):
     """(tensors, metadata) from a safetensors file; a missing, truncated or foreign file is a CheckpointError,
     and so is one whose sha256 differs from `expect_sha256` (the value recorded in the manifest)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise CheckpointError(f"{what} '{path}' not found") from None
-    except IsADirectoryError:
-        raise CheckpointError(f"{what} '{path}' is a directory, not a .safetensors file") from None
+        data = read_bytes(path, what)
+    except InputError as e:
+        raise CheckpointError(str(e)) from None
     try:
         tensors = st_load(data)
         # st_load has validated the layout: 8-byte little-endian header size, then the JSON header
@@ -143,12 +90,14 @@ def read_safetensors(path, what="checkpoint", expect_sha256=None):
 def read_metadata(path):
     """Metadata of a safetensors file from its header alone (no tensor data read); JSON values decoded."""
     try:
-        with open(path, "rb") as f:
+        with open(open_regular(path, "checkpoint"), "rb") as f:
             size = int.from_bytes(f.read(8), "little")
             if not 2 <= size <= 100_000_000:
                 raise ValueError("bad header size")
             header = json.loads(f.read(size))
         meta = header.get("__metadata__") or {}
+    except InputError as e:
+        raise CheckpointError(str(e)) from None
     except (OSError, ValueError, AttributeError) as e:
         raise CheckpointError(f"'{path}' is truncated or not a safetensors file ({e.__class__.__name__}); "
                               "delete it, or rerun the stage with --force") from None
@@ -223,8 +172,8 @@ def save_training_state(path, modules, optimizer, state):
                 tensors[f"optim.{pid}.{name}"] = value.detach().to("cpu", copy=True).contiguous()
             else:
                 scalars[f"{pid}.{name}"] = value
-    meta = {"format": FORMAT, "state": json.dumps(state),
-            "optimizer": json.dumps({"param_groups": opt["param_groups"], "scalars": scalars})}
+    meta = {"format": FORMAT, "state": dumps(state),
+            "optimizer": dumps({"param_groups": opt["param_groups"], "scalars": scalars})}
     atomic_write_bytes(path, serialize(tensors, meta))
 
 
@@ -247,3 +196,37 @@ def load_training_state(path, modules, optimizer):
         state.setdefault(int(pid), {})[name] = value
     optimizer.load_state_dict({"state": state, "param_groups": opt_meta["param_groups"]})
     return json.loads(meta["state"])
+
+
+def resume_state_problem(state, epochs=None, steps_per_epoch=None):
+    """What is wrong with a resume checkpoint's JSON state (types, ranges), or None."""
+    if not isinstance(state, dict):
+        return "its state is not a mapping"
+    for key in ("epoch", "step"):
+        value = state.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return f"'{key}' is {value!r}, not a whole number >= 0"
+    if epochs is not None and state["epoch"] > epochs:
+        return f"'epoch' {state['epoch']} is beyond the configured {epochs} epochs"
+    if steps_per_epoch is not None and state["step"] > steps_per_epoch:
+        return f"'step' {state['step']} is beyond the {steps_per_epoch} steps of an epoch"
+    history = state.get("history", [])
+    if not isinstance(history, list) or not all(isinstance(h, dict) and "val_acc" in h for h in history):
+        return "'history' is not a list of epoch metrics"
+    running = state.get("running")
+    if running is not None and not (isinstance(running, dict) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in running.values())):
+        return "'running' is not a mapping of numbers"
+    for key in ("config_hash",):
+        if not isinstance(state.get(key), str):
+            return f"'{key}' is missing"
+    if not isinstance(state.get("inputs", {}), dict):
+        return "'inputs' is not a mapping"
+    return None
+
+
+def validate_resume_state(state, path, epochs=None, steps_per_epoch=None):
+    problem = resume_state_problem(state, epochs, steps_per_epoch)
+    if problem:
+        raise CheckpointError(f"resume checkpoint '{path}' is damaged ({problem}); delete it to start the stage "
+                              "over, or rerun with --force")

@@ -2,11 +2,15 @@
 
 The dataclass defaults *are* the default config (`configs/default.yaml` is a copy, and a test keeps them equal).
 Precedence: `--set key=value` > config file (or the run directory's `config.yaml`) > these defaults.
+
+Parsing is pure: it checks types, ranges and finiteness, imports no torch and touches no disk. Whether the
+dataset folder exists and the model names resolve is checked by `compress.preflight`, one explicit step the
+pipeline runs before it writes anything.
 """
 
 import hashlib
 import json
-import os
+import re
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -15,6 +19,17 @@ import yaml
 from compress import schema
 from compress.errors import ConfigError, InputError
 from compress.schema import problems_if
+
+DATASET_NAMES = ("mnist5k", "digits", "cifar10", "imagefolder")  # compress.data.DATASETS (a test keeps them equal)
+MAX_SEED = 2**32 - 1
+MAX_IMAGE_SIZE = 2048
+MAX_BATCH = 65536
+_MODEL_SOURCE = re.compile(r"^(torchvision:[A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?)$")
+
+
+def outside(value, low, high):
+    """`value` is not in [low, high] (the checks below read as `(outside(x, 1, 10), "x: ...")`)."""
+    return value is not None and not low <= value <= high
 
 
 def _f(default, help):
@@ -42,23 +57,21 @@ class DataConfig:
     limit: Optional[int] = _f(None, "use only this many samples of the train split (quick trials)")
 
     def __post_init__(self):
-        from compress.data import DATASETS
-
         needs_root = self.name == "imagefolder" or (self.name == "cifar10" and not self.download)
         problems_if([
-            (self.name not in DATASETS, f"name: unknown dataset '{self.name}'; choose one of {', '.join(DATASETS)}"),
+            (self.name not in DATASET_NAMES,
+             f"name: unknown dataset '{self.name}'; choose one of {', '.join(DATASET_NAMES)}"),
             (needs_root and not self.root, f"root: dataset '{self.name}' needs a root folder (data.root=PATH)"),
-            (bool(self.root) and not self.download and not os.path.isdir(os.path.expanduser(self.root or "")),
-             f"root: folder '{self.root}' does not exist; point data.root at the dataset"),
             (not 0.0 < self.val_fraction < 1.0, f"val_fraction: must be between 0 and 1, got {self.val_fraction}"),
-            (self.image_size is not None and self.image_size < 8,
-             f"image_size: must be at least 8, got {self.image_size}"),
+            (outside(self.image_size, 8, MAX_IMAGE_SIZE),
+             f"image_size: must be between 8 and {MAX_IMAGE_SIZE}, got {self.image_size}"),
             (self.channels not in (None, 1, 3), f"channels: must be 1 or 3, got {self.channels}"),
             ((self.mean is None) != (self.std is None), "mean/std: give both or neither"),
             (self.mean is not None and self.std is not None and len(self.mean) != len(self.std),
              "mean/std: must have the same length"),
+            (self.mean is not None and not 1 <= len(self.mean) <= 3, "mean: give 1 or 3 values (one per channel)"),
             (self.std is not None and any(s <= 0 for s in self.std), "std: every value must be > 0"),
-            (self.limit is not None and self.limit < 10, f"limit: must be at least 10, got {self.limit}"),
+            (outside(self.limit, 10, 10**9), f"limit: must be at least 10, got {self.limit}"),
         ])
 
 
@@ -68,10 +81,9 @@ class ModelConfig:
     student: str = _f("compact_cnn", "student architecture (registry name)")
 
     def __post_init__(self):
-        from compress.models import MODELS
-
-        names = ", ".join(MODELS)
-        problems_if([(name not in MODELS, f"{key}: unknown model '{name}'; choose one of {names}")
+        problems_if([(not _MODEL_SOURCE.match(name),
+                      f"{key}: '{name}' is not a model name; use a registry name (`compress models`), "
+                      "torchvision:<builder> or <module>:<function>")
                      for key, name in (("teacher", self.teacher), ("student", self.student))])
 
 
@@ -88,10 +100,11 @@ class TrainConfig:
 
     def __post_init__(self):
         problems_if([
-            (self.threads is not None and self.threads < 1, f"threads: must be >= 1, got {self.threads}"),
-            (self.eval_batch_size < 1, f"eval_batch_size: must be >= 1, got {self.eval_batch_size}"),
-            (self.num_workers < 0, f"num_workers: must be >= 0, got {self.num_workers}"),
-            (self.checkpoint_every < 0, f"checkpoint_every: must be >= 0, got {self.checkpoint_every}"),
+            (outside(self.threads, 1, 1024), f"threads: must be between 1 and 1024, got {self.threads}"),
+            (outside(self.eval_batch_size, 1, MAX_BATCH),
+             f"eval_batch_size: must be between 1 and {MAX_BATCH}, got {self.eval_batch_size}"),
+            (outside(self.num_workers, 0, 256), f"num_workers: must be between 0 and 256, got {self.num_workers}"),
+            (outside(self.checkpoint_every, 0, 10**9), f"checkpoint_every: must be >= 0, got {self.checkpoint_every}"),
         ])
 
 
@@ -104,8 +117,10 @@ class OptimConfig:
     optimizer: Literal["adam", "adamw", "sgd"] = _f("adam", "optimizer")
     lr: float = _f(1e-3, "peak learning rate")
     momentum: float = _f(0.9, "SGD momentum")
+    nesterov: bool = _f(False, "SGD: Nesterov momentum")
     weight_decay: float = _f(0.0, "weight decay")
     schedule: Literal["cosine", "step", "constant"] = _f("cosine", "learning-rate schedule, stepped every batch")
+    warmup_epochs: float = _f(0.0, "linear learning-rate warm-up from 0 over this many epochs, then the schedule")
     step_size: int = _f(1, "step schedule: epochs between decays")
     gamma: float = _f(0.1, "step schedule: decay factor")
 
@@ -114,12 +129,15 @@ class OptimConfig:
 
     def _optim_checks(self):
         return [
-            (self.epochs < 1, f"epochs: must be >= 1, got {self.epochs}"),
-            (self.batch_size < 1, f"batch_size: must be >= 1, got {self.batch_size}"),
-            (not self.lr > 0, f"lr: must be > 0, got {self.lr}"),
+            (outside(self.epochs, 1, 100_000), f"epochs: must be between 1 and 100000, got {self.epochs}"),
+            (outside(self.batch_size, 1, MAX_BATCH),
+             f"batch_size: must be between 1 and {MAX_BATCH}, got {self.batch_size}"),
+            (not 0 < self.lr <= 1e4, f"lr: must be > 0, got {self.lr}"),
             (not 0 <= self.momentum < 1, f"momentum: must be in [0, 1), got {self.momentum}"),
-            (self.weight_decay < 0, f"weight_decay: must be >= 0, got {self.weight_decay}"),
-            (self.step_size < 1, f"step_size: must be >= 1, got {self.step_size}"),
+            (outside(self.weight_decay, 0, 10), f"weight_decay: must be between 0 and 10, got {self.weight_decay}"),
+            (outside(self.step_size, 1, 100_000), f"step_size: must be >= 1, got {self.step_size}"),
+            (not 0 <= self.warmup_epochs <= self.epochs,
+             f"warmup_epochs: must be between 0 and epochs ({self.epochs}), got {self.warmup_epochs}"),
             (not 0 < self.gamma <= 1, f"gamma: must be in (0, 1], got {self.gamma}"),
         ]
 
@@ -135,8 +153,8 @@ class KDConfig:
     temperature: float = _f(2.0, "softmax temperature T")
 
     def __post_init__(self):
-        problems_if([(self.weight < 0, f"weight: must be >= 0, got {self.weight}"),
-                     (not self.temperature > 0, f"temperature: must be > 0, got {self.temperature}")])
+        problems_if([(outside(self.weight, 0, 1e6), f"weight: must be >= 0, got {self.weight}"),
+                     (not 0 < self.temperature <= 1000, f"temperature: must be > 0, got {self.temperature}")])
 
 
 @dataclass(frozen=True)
@@ -146,7 +164,7 @@ class CosineConfig:
     student_layer: str = _f("pool", "student module whose output is compared")
 
     def __post_init__(self):
-        problems_if([(self.weight < 0, f"weight: must be >= 0, got {self.weight}")])
+        problems_if([(outside(self.weight, 0, 1e6), f"weight: must be >= 0, got {self.weight}")])
 
 
 @dataclass(frozen=True)
@@ -158,7 +176,7 @@ class HintConfig:
         "conv3x3", "regressor from student to teacher shape (linear flattens the features)")
 
     def __post_init__(self):
-        problems_if([(self.weight < 0, f"weight: must be >= 0, got {self.weight}")])
+        problems_if([(outside(self.weight, 0, 1e6), f"weight: must be >= 0, got {self.weight}")])
 
 
 @dataclass(frozen=True)
@@ -173,7 +191,7 @@ class DistillConfig(OptimConfig):
 
     def __post_init__(self):
         problems_if(self._optim_checks() + [
-            (self.ce_weight < 0, f"ce_weight: must be >= 0, got {self.ce_weight}"),
+            (outside(self.ce_weight, 0, 1e6), f"ce_weight: must be >= 0, got {self.ce_weight}"),
             (self.ce_weight + self.kd.weight + self.cosine.weight + self.hint.weight <= 0,
              "ce_weight, kd.weight, cosine.weight, hint.weight: at least one must be > 0"),
         ])
@@ -194,11 +212,12 @@ class QATConfig(OptimConfig):
 
     def __post_init__(self):
         problems_if(self._optim_checks() + [
-            (self.freeze_observers_after < 1,
+            (outside(self.freeze_observers_after, 1, 100_000),
              f"freeze_observers_after: must be >= 1 (observers need one epoch to learn ranges), got "
              f"{self.freeze_observers_after}"),
-            (self.freeze_bn_after < 0, f"freeze_bn_after: must be >= 0, got {self.freeze_bn_after}"),
-            (self.max_accuracy_drop < 0, f"max_accuracy_drop: must be >= 0, got {self.max_accuracy_drop}"),
+            (outside(self.freeze_bn_after, 0, 100_000), f"freeze_bn_after: must be >= 0, got {self.freeze_bn_after}"),
+            (outside(self.max_accuracy_drop, 0, 100),
+             f"max_accuracy_drop: must be between 0 and 100 (points), got {self.max_accuracy_drop}"),
         ])
 
 
@@ -215,15 +234,15 @@ class ExportConfig:
     def __post_init__(self):
         problems_if([
             (not 13 <= self.opset <= 17, f"opset: must be between 13 and 17, got {self.opset}"),
-            (self.fp32_max_abs_diff <= 0, f"fp32_max_abs_diff: must be > 0, got {self.fp32_max_abs_diff}"),
+            (not 0 < self.fp32_max_abs_diff <= 1e6, f"fp32_max_abs_diff: must be > 0, got {self.fp32_max_abs_diff}"),
             (not 0 <= self.fp32_min_agreement <= 1,
              f"fp32_min_agreement: must be in [0, 1], got {self.fp32_min_agreement}"),
             (not 0 <= self.int8_min_agreement <= 1,
              f"int8_min_agreement: must be in [0, 1], got {self.int8_min_agreement}"),
-            (not self.latency_batch_sizes or min(self.latency_batch_sizes) < 1,
-             "latency_batch_sizes: give at least one batch size >= 1"),
-            (self.latency_repeats < 1, f"latency_repeats: must be >= 1, got {self.latency_repeats}"),
-            (self.latency_warmup < 0, f"latency_warmup: must be >= 0, got {self.latency_warmup}"),
+            (not self.latency_batch_sizes or any(outside(b, 1, 4096) for b in self.latency_batch_sizes),
+             "latency_batch_sizes: give batch sizes between 1 and 4096"),
+            (outside(self.latency_repeats, 1, 100_000), f"latency_repeats: must be >= 1, got {self.latency_repeats}"),
+            (outside(self.latency_warmup, 0, 10_000), f"latency_warmup: must be >= 0, got {self.latency_warmup}"),
         ])
 
 
@@ -237,6 +256,9 @@ class Config:
     distill: DistillConfig = _f(DistillConfig(), "")
     qat: QATConfig = _f(QATConfig(), "")
     export: ExportConfig = _f(ExportConfig(), "")
+
+    def __post_init__(self):
+        problems_if([(outside(self.seed, 0, MAX_SEED), f"seed: must be between 0 and {MAX_SEED}, got {self.seed}")])
 
 
 def load_config(path=None, overrides=()):
@@ -298,5 +320,5 @@ def config_slice(cfg, keys):
 
 def section_hash(cfg, keys):
     """Stable hash of `config_slice(cfg, keys)`: what decides whether a finished stage is still up to date."""
-    blob = json.dumps(config_slice(cfg, keys), sort_keys=True).encode()
+    blob = json.dumps(config_slice(cfg, keys), sort_keys=True, allow_nan=False).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -11,10 +11,11 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from compress.errors import InputError
 
@@ -50,14 +51,11 @@ class ImageSet(torch.utils.data.Dataset):
         self.images, self.labels, self.read = images, labels, read
         self.count = len(labels) if labels is not None else count
         self.image_shape = tuple(images.shape[1:]) if images is not None else tuple(image_shape)
-        self.augment, self.flip, self.seed, self.epoch = augment, flip, seed, 0
+        self.augment, self.flip, self.seed = augment, flip, seed
         self.mean = self.std = None
 
     def __len__(self):
         return self.count
-
-    def set_epoch(self, epoch):
-        self.epoch = epoch
 
     def normalise_with(self, mean, std):
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
@@ -71,17 +69,23 @@ class ImageSet(torch.utils.data.Dataset):
         pairs = [self.read(i) for i in indices]
         return torch.stack([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs], dtype=torch.long)
 
-    def __getitem__(self, indices):
+    def batch(self, indices, epoch=None):
+        """The Batch for these sample indices (augmented as in `epoch`, or not at all when epoch is None)."""
+        return self[(epoch, list(indices))]
+
+    def __getitem__(self, request):
+        """A whole batch for an `(epoch, indices)` request (epoch None: no augmentation)."""
+        epoch, indices = request
         images, labels = self.raw(indices)
-        if self.augment:
-            images = torch.stack([self._augment(img, i) for img, i in zip(images, indices)])
+        if self.augment and epoch is not None:
+            images = torch.stack([self._augment(img, i, epoch) for img, i in zip(images, indices)])
         x = images.float().div_(255.0)
         if self.mean is not None:
             x = (x - self.mean) / self.std
-        return x, labels, torch.as_tensor(indices, dtype=torch.long)
+        return Batch(x, labels, torch.as_tensor(indices, dtype=torch.long))
 
-    def _augment(self, img, index):
-        g = torch.Generator().manual_seed(hash((self.seed, self.epoch, int(index))) & 0x7FFF_FFFF_FFFF)
+    def _augment(self, img, index, epoch):
+        g = torch.Generator().manual_seed(hash((self.seed, epoch, int(index))) & 0x7FFF_FFFF_FFFF)
         pad = 2
         h, w = img.shape[1:]
         dy, dx = torch.randint(0, 2 * pad + 1, (2,), generator=g).tolist()
@@ -91,38 +95,57 @@ class ImageSet(torch.utils.data.Dataset):
         return img
 
 
-class _SkipSampler(Sampler):
-    """Yields a base sampler's batches, skipping the first `skip` (to resume in the middle of an epoch)."""
+class Batch(NamedTuple):
+    """What every loader yields: normalised images, labels, and the dataset indices of the samples (the
+    distill stage looks teacher outputs up by index)."""
 
-    def __init__(self, base):
-        self.base, self.skip = base, 0
+    x: torch.Tensor
+    y: torch.Tensor
+    index: torch.Tensor
+
+
+class EpochBatches(Sampler):
+    """This rank's batches of one epoch, as `(epoch, indices)` requests.
+
+    The order is a shuffle seeded by (seed + epoch), the same on every rank, padded to a multiple of the
+    world size and dealt out every world-th sample, as DistributedSampler does, so all ranks take the same
+    number of steps. `set_epoch(epoch, skip)` picks the epoch and, to resume in the middle of one, skips its
+    first `skip` batches. The epoch travels with each request, so a dataset in a worker process knows it too."""
+
+    def __init__(self, size, batch_size, rank=0, world=1, seed=0):
+        self.size, self.batch_size, self.rank, self.world, self.seed = size, batch_size, rank, world, seed
+        self.epoch, self.skip = 0, 0
+
+    @property
+    def batches_per_epoch(self):
+        per_rank = -(-self.size // self.world)
+        return -(-per_rank // self.batch_size)
+
+    def set_epoch(self, epoch, skip=0):
+        self.epoch, self.skip = epoch, skip
 
     def __iter__(self):
-        for i, batch in enumerate(self.base):
-            if i >= self.skip:
-                yield batch
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        total = -(-self.size // self.world) * self.world
+        order += order[:total - self.size]
+        mine = order[self.rank:total:self.world]
+        for b in range(self.skip, self.batches_per_epoch):
+            yield self.epoch, mine[b * self.batch_size:(b + 1) * self.batch_size]
 
     def __len__(self):
-        return max(0, len(self.base) - self.skip)
+        return max(0, self.batches_per_epoch - self.skip)
 
 
 def train_loader(dataset, batch_size, rank, world, seed, num_workers=0):
-    """Shuffled, sharded over ranks by DistributedSampler; call `set_epoch(loader, epoch, skip)` each epoch."""
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
-    batches = _SkipSampler(BatchSampler(sampler, batch_size, drop_last=False))
-    return DataLoader(dataset, sampler=batches, batch_size=None, num_workers=num_workers)
-
-
-def set_epoch(loader, epoch, skip=0):
-    loader.sampler.base.sampler.set_epoch(epoch)
-    loader.sampler.skip = skip
-    loader.dataset.set_epoch(epoch)
+    """Shuffled, sharded over ranks; call `loader.sampler.set_epoch(epoch, skip)` before each epoch."""
+    return DataLoader(dataset, sampler=EpochBatches(len(dataset), batch_size, rank, world, seed), batch_size=None,
+                      num_workers=num_workers, persistent_workers=num_workers > 0)
 
 
 def eval_loader(dataset, batch_size, rank, world, num_workers=0):
     """Each rank takes every world-th sample, without padding, so all-reduced counts are exact."""
     shard = list(range(rank, len(dataset), world))
-    batches = [shard[i:i + batch_size] for i in range(0, len(shard), batch_size)]
+    batches = [(None, shard[i:i + batch_size]) for i in range(0, len(shard), batch_size)]
     return DataLoader(dataset, sampler=batches, batch_size=None, num_workers=num_workers)
 
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
-from compress.errors import CompressError, InputError
+from compress.errors import CompressError, InputError, MirroredError
+from compress.fileio import dumps
 
 log = logging.getLogger(__name__)
 
@@ -129,20 +130,12 @@ def broadcast_json(env, obj=None):
     """Rank 0's JSON-able `obj`, on every rank (JSON bytes in a tensor: no pickle)."""
     if not env.distributed:
         return obj
-    data = json.dumps(obj).encode() if env.is_main else b""
+    data = dumps(obj).encode() if env.is_main else b""
     size = broadcast_tensor(env, torch.tensor([len(data)], dtype=torch.long))
     buf = torch.zeros(int(size.item()), dtype=torch.uint8)
     if env.is_main:
         buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     return json.loads(bytes(broadcast_tensor(env, buf).numpy().tobytes()).decode())
-
-
-class MirroredError(CompressError):
-    """Rank 0's error, raised on the other ranks too; only rank 0 prints it."""
-
-    def __init__(self, message, exit_code):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def on_main(env, fn, *args, **kwargs):

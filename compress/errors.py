@@ -44,3 +44,12 @@ class Interrupted(CompressError):
     """Stopped by a signal after writing the resume checkpoint."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class MirroredError(CompressError):
+    """Another rank's (or rank 0's) error, raised on this rank too so no rank waits at a collective; only the
+    rank that found it prints it."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -128,6 +128,17 @@ DESCRIPTIONS = {
 }
 
 
+def source_problem(name):
+    """Why `name` (model.teacher / model.student) cannot be built, or None."""
+    if name in MODELS:
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(name, list(MODELS), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown model '{name}'{hint}; choose one of {', '.join(MODELS)}"
+
+
 def build_model(name, input_shape, num_classes):
     """Build a registry model for (channels, height, width) inputs with a deterministic initialisation
     (callers seed torch first)."""

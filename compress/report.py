@@ -1,70 +1,61 @@
 """The run report: one row per artifact (teacher, student, QAT int8, fp32 ONNX, int8 ONNX) with parameters,
-size, validation accuracy and onnxruntime latency; written as report.md, report.json and report.png."""
+size, validation accuracy and onnxruntime latency; written as report.md, report.json and report.png.
 
-import json
+The report knows no stage's files: each stage module's `report_rows(entry, path)` gives its rows, reading its
+own declared OUTPUTS. A row from a stage that is not complete-and-current (an upstream stage ran again since)
+is kept but marked stale, with the reason; figures a stale stage measured for another stage's row (the
+teacher's latency, timed by export) are left out.
+"""
+
+import logging
 import os
 
-from compress.checkpoint import atomic_write_bytes, atomic_write_json, atomic_write_text
+from compress.errors import CompressError
+from compress.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+log = logging.getLogger(__name__)
 
 COLUMNS = ("artifact", "file", "params", "size_bytes", "val_acc", "latency_b1_ms", "latency_b64_ms")
 
 
-def build_rows(run):
-    """Rows from the manifest and export.json; missing stages simply give fewer rows."""
-    stages = run.manifest()["stages"]
-    done = {k: v for k, v in stages.items() if v.get("status") == "complete"}
-    export = _read_json(run.path("export", "export.json")) if "export" in done else None
-    rows = []
-
-    def size(rel):
-        path = run.path(rel)
-        return os.path.getsize(path) if os.path.isfile(path) else None
-
-    def latency(kind):
-        if not export or kind not in export.get("latency_ms", {}):
-            return None, None
-        cells = export["latency_ms"][kind]
-        best = max(c["threads"] for c in cells)
-        pick = {c["batch"]: c["ms"] for c in cells if c["threads"] == best}
-        return pick.get(1), pick.get(max(pick))
-
-    if "teacher" in done:
-        m = done["teacher"]["metrics"]
-        rows.append(_row("teacher (PyTorch fp32)", "teacher/model.safetensors", m.get("params"),
-                         size("teacher/model.safetensors"), m.get("val_acc"), *latency("teacher")))
-    if "distill" in done:
-        m = done["distill"]["metrics"]
-        rows.append(_row("student (PyTorch fp32)", "distill/model.safetensors", m.get("params"),
-                         size("distill/model.safetensors"), m.get("val_acc"), None, None))
-    if "qat" in done:
-        m = done["qat"]["metrics"]
-        rows.append(_row("student QAT int8 (PyTorch)", "qat/qat.safetensors", m.get("params"), None,
-                         m.get("int8_acc"), None, None))
-    if export:
-        params = (done.get("qat") or {}).get("metrics", {}).get("params")
-        for kind in ("fp32", "int8"):
-            rel = f"export/model.{kind}.onnx"
-            rows.append(_row(f"{kind} ONNX (onnxruntime)", rel, params, size(rel), export[kind]["onnx_acc"],
-                             *latency(kind)))
-    return rows
+def file_size(path):
+    return os.path.getsize(path) if path and os.path.isfile(path) else None
 
 
-def _row(artifact, file, params, size_bytes, val_acc, b1, b64):
-    return dict(zip(COLUMNS, (artifact, file, params, size_bytes, val_acc, b1, b64)))
+def build_rows(run, stages):
+    """(rows, notes) for the stages in `stages` (name -> stage module), from the manifest and their files."""
+    from compress.status import stage_states
 
-
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return None
+    manifest = run.manifest()
+    states = stage_states(run, stages, manifest)
+    rows, notes = {}, []
+    for name, spec in stages.items():
+        entry = manifest["stages"].get(name) or {}
+        state, detail = states[name]
+        if entry.get("status") != "complete" or not hasattr(spec, "report_rows"):
+            continue
+        try:
+            produced = spec.report_rows(entry, lambda output, spec=spec: run.path(spec.OUTPUTS[output]))
+        except (CompressError, KeyError, TypeError, ValueError, IndexError) as e:  # a damaged file: say so, go on
+            notes.append(f"{name}: no rows - its files are damaged ({e.__class__.__name__}: {str(e)[:120]}); "
+                         f"rerun it with --stages {name} --force")
+            continue
+        if state != "complete":
+            notes.append(f"{name} is stale ({detail}): its rows are marked; `compress run` brings it up to date")
+        for row in produced:
+            if row["id"] in rows and "artifact" not in row:  # another stage's figure for an existing row
+                if state == "complete":
+                    rows[row["id"]].update({k: v for k, v in row.items() if k != "id"})
+                continue
+            rows[row["id"]] = {**dict.fromkeys(COLUMNS), **row, "stage": name, "current": state == "complete"}
+    return [r for r in rows.values() if "artifact" in r and r["artifact"]], notes
 
 
 def markdown_table(rows):
     lines = ["| artifact | params | size | val acc | latency b1 | latency b64 |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['artifact']} | {_fmt_int(r['params'])} | {_fmt_size(r['size_bytes'])} | "
+        name = r["artifact"] + ("" if r.get("current", True) else " *(stale)*")
+        lines.append(f"| {name} | {_fmt_int(r['params'])} | {_fmt_size(r['size_bytes'])} | "
                      f"{_fmt(r['val_acc'], '{:.2f}%')} | {_fmt(r['latency_b1_ms'], '{:.3f} ms')} | "
                      f"{_fmt(r['latency_b64_ms'], '{:.2f} ms')} |")
     return "\n".join(lines)
@@ -84,16 +75,13 @@ def _fmt_size(value):
     return f"{value / 1e6:.2f} MB" if value >= 1e6 else f"{value / 1e3:.0f} KB"
 
 
-def write_report(run):
+def write_report(run, stages):
     """Write report.md/json/png into the run dir; return the rows."""
-    rows = build_rows(run)
-    export = _read_json(run.path("export", "export.json"))
-    atomic_write_json(run.path("report.json"), {"rows": rows, "export_checks": (export or {}).get("checks")})
+    rows, notes = build_rows(run, stages)
+    atomic_write_json(run.path("report.json"), {"rows": rows, "notes": notes})
     text = [f"# compress report: {os.path.basename(run.root)}", "", markdown_table(rows), ""]
-    if export:
-        text += ["Latency: onnxruntime CPU, median ms per batch, all cores. int8/fp32 size ratio "
-                 f"{export['size_ratio_int8_fp32']:.3f}; int8 kernels: {', '.join(export['int8_kernels']) or 'none'}.",
-                 ""]
+    text += ["Latency: onnxruntime CPU, median ms per batch on the most threads measured.", ""] if rows else []
+    text += [f"- {note}" for note in notes] + ([""] if notes else [])
     if rows:
         text += ["![accuracy vs size and latency](report.png)", ""]
         plot(rows, run.path("report.png"))
@@ -123,9 +111,9 @@ def plot(rows, path):
             x = r[key] / 1e3 if key == "size_bytes" else r[key]
             spot = next((p for p in points if abs(p[0] / x - 1) < 0.05 and abs(p[1] - r["val_acc"]) < 1e-9),
                         (x, r["val_acc"]))
-            points.setdefault(spot, []).append(r["artifact"])
+            points.setdefault(spot, []).append(r["artifact"] + ("" if r.get("current", True) else " (stale)"))
         for (x, y), names in points.items():
-            ax.scatter(x, y, s=70, color=colors[names[-1]], zorder=3)
+            ax.scatter(x, y, s=70, color=colors.get(names[-1].replace(" (stale)", ""), "C0"), zorder=3)
             ax.annotate(" +\n".join(names), (x, y), textcoords="offset points", xytext=(8, -4), fontsize=8,
                         va="top")
         if points:

@@ -1,22 +1,29 @@
 """The run directory and its manifest: what each stage did, with which config, from which inputs.
 
-    <run>/config.yaml      the resolved config of the latest `compress run` in this folder
+    <run>/config.yaml      the resolved config: each stage's keys as that stage last ran them
     <run>/manifest.json    per stage: status, config hash, input/output sha256, metrics, timings, versions
     <run>/<stage>/...      the stage's outputs; <stage>/last/ holds its resume checkpoint
+    <run>/.lock            held by the one `compress run` using the folder (gone when it ends)
 
-Only rank 0 writes here, always atomically.
+Only rank 0 writes here, always atomically, never through a symbolic link, and only in a folder that is
+empty, new, or already a compress run.
 """
 
 import datetime
+import errno
 import json
 import os
 import platform
+import re
+import socket
 
-from compress.checkpoint import atomic_write_json, atomic_write_text
 from compress.errors import InputError
+from compress.fileio import atomic_write_json, atomic_write_text, links_under, read_json
 
 MANIFEST_FORMAT = "compress-run/1"
 STATUSES = ("running", "complete", "failed", "interrupted")
+LOCK_NAME = ".lock"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class RunDir:
@@ -43,14 +50,37 @@ class RunDir:
     def exists(self):
         return os.path.isfile(self.manifest_path)
 
-    def prepare(self):
-        """Create the folder and prove we can write into it, before any work starts."""
-        probe = self.path(".write-test")
+    def check_usable(self):
+        """Refuse, before anything is written, a folder that is not ours to write into: one holding other
+        files (not a compress run), one with symbolic links inside, or one we cannot write to."""
+        if os.path.lexists(self.root) and not os.path.isdir(self.root):
+            raise InputError(f"run directory '{self.root}' is a file; choose a folder with --run-dir")
+        if os.path.isdir(self.root):
+            entries = [e for e in os.listdir(self.root) if e != LOCK_NAME]
+            if entries and not os.path.lexists(self.manifest_path):
+                raise InputError(f"run directory '{self.root}' is not empty and is not a compress run (no "
+                                 "manifest.json); choose an empty or new folder with --run-dir")
+            links = links_under(self.root)
+            if links:
+                raise InputError(f"run directory '{self.root}' contains a symbolic link ({links[0]}); compress does "
+                                 "not write through links - replace it with a real file or folder")
+        self._check_writable()
+
+    def _check_writable(self):
+        parent = self.root
+        while not os.path.isdir(parent):  # the nearest existing ancestor is what must be writable
+            up = os.path.dirname(parent)
+            if up == parent or os.path.lexists(parent):  # a file where a folder must be
+                raise InputError(f"cannot write to run directory '{self.root}' ('{parent}' is not a folder); "
+                                 "choose another with --run-dir")
+            parent = up
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise InputError(f"cannot write to run directory '{self.root}' (no write permission in '{parent}'); "
+                             "choose another with --run-dir")
+
+    def create(self):
         try:
             os.makedirs(self.root, exist_ok=True)
-            with open(probe, "w") as f:
-                f.write("ok")
-            os.unlink(probe)
         except OSError as e:
             raise InputError(f"cannot write to run directory '{self.root}' ({e.strerror or e}); "
                              "choose another with --run-dir") from None
@@ -62,17 +92,10 @@ class RunDir:
 
     def manifest(self):
         path = self.manifest_path
-        if not os.path.exists(path):
+        if not os.path.lexists(path):
             return {"format": MANIFEST_FORMAT, "stages": {}}
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InputError(f"manifest '{path}' is not valid JSON ({e.__class__.__name__}); restore it, or move "
-                             "it away to rerun every stage from scratch") from None
-        except OSError as e:
-            raise InputError(f"cannot read manifest '{path}' ({e.strerror or e})") from None
-        problem = _manifest_problem(data)
+        data = read_json(path, "manifest")
+        problem = manifest_problem(data)
         if problem:
             raise InputError(f"manifest '{path}' is not a compress manifest ({problem}); restore it, or move it "
                              "away to rerun every stage from scratch")
@@ -89,7 +112,9 @@ class RunDir:
         return entry
 
 
-def _manifest_problem(data):
+def manifest_problem(data):
+    """What makes `data` not a manifest compress can act on, or None. Every field compress reads is checked,
+    so a hand-edited manifest gives one clear line, never a KeyError halfway through a run."""
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         return f"no \"format\": \"{MANIFEST_FORMAT}\""
     stages = data.get("stages")
@@ -98,19 +123,119 @@ def _manifest_problem(data):
     for name, entry in stages.items():
         if not isinstance(entry, dict) or entry.get("status") not in STATUSES:
             return f"stage '{name}' has no valid status"
-        if not isinstance(entry.get("outputs", {}), dict) or not isinstance(entry.get("inputs", {}), dict):
-            return f"stage '{name}' has malformed inputs/outputs"
+        for key in ("inputs", "outputs"):
+            files = entry.get(key, {})
+            if not isinstance(files, dict) or not all(
+                    isinstance(rel, str) and isinstance(sha, str) and _SHA256.match(sha) for rel, sha in files.items()):
+                return f"stage '{name}' has malformed {key} (expected run-relative path -> sha256)"
+            if any(os.path.isabs(rel) or ".." in rel.split("/") for rel in files if not rel.startswith("external:")):
+                return f"stage '{name}' names a file outside the run directory in its {key}"
+        for key, types in (("config_hash", str), ("config", dict), ("metrics", dict), ("seconds", (int, float)),
+                           ("world_size", int), ("message", str)):
+            if entry.get(key) is not None and (not isinstance(entry[key], types) or isinstance(entry[key], bool)):
+                return f"stage '{name}' has a malformed \"{key}\""
+        if entry.get("status") == "complete" and not isinstance(entry.get("metrics"), dict):
+            return f"stage '{name}' is complete but has no metrics"
     return None
 
 
 def file_check(run, rel, sha):
     """'ok', 'missing' or 'modified' for a file the manifest recorded."""
-    from compress.checkpoint import sha256_file
+    from compress.fileio import sha256_file
 
     path = run.path(rel)
-    if not os.path.isfile(path):
+    if not os.path.isfile(path) or os.path.islink(path):
         return "missing"
-    return "ok" if sha256_file(path) == sha else "modified"
+    try:
+        return "ok" if sha256_file(path) == sha else "modified"
+    except InputError:
+        return "modified"
+
+
+# ---------------------------------------------------------------- lock
+
+
+class RunLock:
+    """An advisory lock on a run directory: one `compress run` at a time.
+
+    The lock is an flock on `<run>/.lock`, so it is released by the kernel when its holder exits, however it
+    exits (kill -9 included); the file also names the holder (pid, host) for the error message. Where the
+    filesystem has no flock, the file alone is the lock, and a lock left by a dead process on this host is
+    taken over."""
+
+    def __init__(self, run):
+        self.path = run.path(LOCK_NAME)
+        self.fd = None
+
+    def acquire(self):
+        import fcntl
+
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = _read_holder(fd)
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise InputError(f"another compress run ({_describe(holder)}) is using "
+                                     f"{os.path.dirname(self.path)}; wait for it to finish or use another "
+                                     "--run-dir") from None
+                if not self._stale_or_free(holder):  # no flock here (e.g. some network filesystems)
+                    raise InputError(f"another compress run ({_describe(holder)}) is using "
+                                     f"{os.path.dirname(self.path)}; wait for it or use another --run-dir") from None
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            # the file may have been removed and recreated by a releasing holder between open and flock:
+            # only the lock on the file that is still at `path` counts
+            if os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": now()}).encode())
+        self.fd = fd
+        return self
+
+    @staticmethod
+    def _stale_or_free(holder):
+        if not holder or holder.get("host") != socket.gethostname():
+            return not holder
+        try:
+            os.kill(int(holder["pid"]), 0)
+        except (ProcessLookupError, ValueError, TypeError):
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def release(self):
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self.fd)  # closing drops the flock
+        self.fd = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _read_holder(fd):
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        return json.loads(os.read(fd, 4096).decode() or "null")
+    except (OSError, ValueError):
+        return None
+
+
+def _describe(holder):
+    if not isinstance(holder, dict):
+        return "holder unknown"
+    return f"pid {holder.get('pid')} on host {holder.get('host')}"
 
 
 def now():

@@ -7,6 +7,7 @@ section; `build` prefixes those keys with the section's path and keeps going, so
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 
@@ -86,16 +87,25 @@ def _scalar(tp, value, path, problems):
         problems.append(f"{path}: expected true or false, got {_describe(value)}")
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            if abs(value) < 2**53:
+                return value
+            problems.append(f"{path}: {value} is far too large for this setting")
+            return _MISSING
         problems.append(f"{path}: expected a whole number, got {_describe(value)}")
     elif tp is float:
+        number = _MISSING
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string; accept what float() accepts
+            number = float(value) if abs(value) < 1e300 else math.inf
+        elif isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string; accept what float() accepts
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not _MISSING and math.isfinite(number):
+            return number
+        if number is not _MISSING:  # NaN slips through every `x < 0` check, inf through most: refuse both here
+            problems.append(f"{path}: expected a finite number, got {value!r}")
+            return _MISSING
         problems.append(f"{path}: expected a number, got {_describe(value)}")
     elif tp is str:
         if isinstance(value, str):

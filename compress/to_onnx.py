@@ -3,19 +3,18 @@ QuantizeLinear/DequantizeLinear with int8 weights), attach metadata, check, and 
 
 import contextlib
 import io
-import json
 import warnings
 
 import torch
 
-from compress.checkpoint import atomic_write_bytes
 from compress.deploy import META_PREFIX
 from compress.errors import StageFailed
+from compress.fileio import atomic_write_bytes, dumps
 
 
 @contextlib.contextmanager
 def _quiet_legacy_exporter():
-    # dynamo=False is deliberate (TOOLCHAIN.md: the only exporter that handles convert_fx output), so its
+    # dynamo=False is deliberate (torch 2.14: the only exporter that handles convert_fx int8 models), so its
     # "legacy exporter" and torch.jit.trace deprecation notices are expected; nothing else is filtered.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export", category=DeprecationWarning)
@@ -41,7 +40,7 @@ def export_onnx(model, example, path, opset, metadata):
     proto = tidy(onnx.load_from_string(buffer.getvalue()))
     for key, value in metadata.items():
         prop = proto.metadata_props.add()
-        prop.key, prop.value = META_PREFIX + key, value if isinstance(value, str) else json.dumps(value)
+        prop.key, prop.value = META_PREFIX + key, value if isinstance(value, str) else dumps(value)
     proto.producer_name = "compress"
     try:
         onnx.checker.check_model(proto, full_check=True)

@@ -1,28 +1,27 @@
 """The training loop shared by the teacher, distill and QAT stages: `fit` -> `train_one_epoch` + `evaluate`.
 
-Determinism and exact resume: the data order comes from DistributedSampler(seed).set_epoch(epoch), the
-learning rate is a pure function of the global step, and torch's RNG (dropout) is re-seeded from
-(seed, stage, epoch, step, rank) before every step. So a run resumed from any checkpoint (end of epoch, every
-N steps, or written on Ctrl-C) computes exactly what the uninterrupted run would have, bit for bit.
+Both take plain values (model, loader, optimizer, loss function, schedule, callbacks), as torchvision's
+reference `train_one_epoch` does; they know nothing of run directories. The stage binds them to its files
+(`StageContext.fit`): where the resume checkpoint goes, where metrics are written.
+
+Determinism and exact resume: the data order comes from the sampler's (seed, epoch), the learning rate is a
+pure function of the global step, and torch's RNG (dropout) is re-seeded from (seed, stage, epoch, step, rank)
+before every step. So a run resumed from any checkpoint (end of epoch, every N steps, or written on Ctrl-C)
+computes exactly what the uninterrupted run would have, bit for bit.
 """
 
+import contextlib
 import hashlib
 import logging
 import math
-import os
-import signal
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from compress import dist, interrupt
-from compress.checkpoint import (
-    atomic_write_json,
-    load_training_state,
-    save_training_state,
-)
-from compress.data import set_epoch
+from compress.data import Batch
 from compress.errors import Interrupted, StageFailed
 from compress.progress import Progress
 
@@ -32,20 +31,41 @@ log = logging.getLogger(__name__)
 def build_optimizer(params, ocfg):
     params = [p for p in params if p.requires_grad]
     if ocfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=ocfg.lr, momentum=ocfg.momentum, weight_decay=ocfg.weight_decay)
+        return torch.optim.SGD(params, lr=ocfg.lr, momentum=ocfg.momentum, weight_decay=ocfg.weight_decay,
+                               nesterov=ocfg.nesterov and ocfg.momentum > 0)
     if ocfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=ocfg.lr, weight_decay=ocfg.weight_decay)
     return torch.optim.Adam(params, lr=ocfg.lr, weight_decay=ocfg.weight_decay)
 
 
-def learning_rate(ocfg, step, steps_per_epoch):
-    """Per-step learning rate: cosine from lr to 0 over the run, step decay per `step_size` epochs, or flat."""
-    if ocfg.schedule == "cosine":
-        total = ocfg.epochs * steps_per_epoch
-        return ocfg.lr * 0.5 * (1.0 + math.cos(math.pi * step / total))
-    if ocfg.schedule == "step":
-        return ocfg.lr * ocfg.gamma ** ((step // steps_per_epoch) // ocfg.step_size)
-    return ocfg.lr
+@dataclass(frozen=True)
+class Schedule:
+    """The learning rate as a pure function of the global step: linear warm-up, then cosine to 0, step decay
+    every `step_size` epochs, or flat."""
+
+    kind: str
+    lr: float
+    epochs: int
+    steps_per_epoch: int
+    warmup_epochs: float = 0.0
+    step_size: int = 1
+    gamma: float = 0.1
+
+    @classmethod
+    def from_config(cls, ocfg, steps_per_epoch):
+        return cls(ocfg.schedule, ocfg.lr, ocfg.epochs, steps_per_epoch, ocfg.warmup_epochs, ocfg.step_size,
+                   ocfg.gamma)
+
+    def lr_at(self, step):
+        warmup = round(self.warmup_epochs * self.steps_per_epoch)
+        if step < warmup:
+            return self.lr * (step + 1) / warmup
+        if self.kind == "cosine":
+            total = max(self.epochs * self.steps_per_epoch - warmup, 1)
+            return self.lr * 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / total))
+        if self.kind == "step":
+            return self.lr * self.gamma ** ((step // self.steps_per_epoch) // self.step_size)
+        return self.lr
 
 
 def seed_step(seed, stage, epoch, step, rank):
@@ -53,89 +73,103 @@ def seed_step(seed, stage, epoch, step, rank):
     torch.manual_seed(int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF)
 
 
-def _fault(stage, epoch, step, kind):
-    """Testing hook: COMPRESS_FAULT=stage:epoch:step[:kill|nan[:rank]] SIGKILLs this process after that step's
-    update (a real kill -9 at a reproducible moment) or makes that step's loss NaN; only on `rank` if given,
-    and only in the first attempt of a torchrun group (a restarted group runs clean). Used by the tests."""
-    parts = os.environ.get("COMPRESS_FAULT", "").split(":")
-    if parts[:3] != [stage, str(epoch), str(step)] or (parts[3] if len(parts) > 3 else "kill") != kind:
-        return False
-    if len(parts) > 4 and parts[4] != os.environ.get("RANK", "0"):
-        return False
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+class Precision:
+    """fp32, or autocast (bf16, or fp16 with a gradient scaler) on CUDA. A plain value the loop is given."""
+
+    def __init__(self, dtype=None, device_type="cpu"):
+        self.dtype, self.device_type = dtype, device_type
+        self.scaler = torch.amp.GradScaler(device_type) if dtype == torch.float16 else None
+
+    @property
+    def name(self):
+        return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def step(self, loss, optimizer):
+        if self.scaler is None:
+            loss.backward()
+            optimizer.step()
+            return
+        self.scaler.scale(loss).backward()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+
+FP32 = Precision()
 
 
 @torch.no_grad()
-def evaluate(model, loader, env):
+def evaluate(model, loader, env, precision=FP32):
     """Loss and accuracy over the whole validation set: counts are all-reduced, not per-rank averages."""
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
-    for x, y, _ in loader:
+    for x, y, *_ in loader:
         x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
-        logits = model(x)
+        with precision.autocast():
+            logits = model(x).float()
         sums += torch.tensor([F.cross_entropy(logits, y, reduction="sum").item(),
                               (logits.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
     loss, correct, count = dist.all_reduce(env, sums).tolist()
     return {"val_loss": loss / max(count, 1), "val_acc": 100.0 * correct / max(count, 1), "val_count": int(count)}
 
 
-def train_one_epoch(ctx, model, loader, optimizer, loss_fn, ocfg, epoch, start_step, sums, save):
-    """One pass over this rank's shard from `start_step`; returns the epoch's all-reduced sums."""
-    env, steps_per_epoch = ctx.env, len(loader.sampler.base)
+def train_one_epoch(model, loader, optimizer, loss_fn, *, env, epoch, schedule, seed_key, start_step=0, sums=None,
+                    save=None, save_every=0, precision=FP32, name="train", progress=False):
+    """One pass over this rank's batches of `epoch` from `start_step`; returns the epoch's all-reduced sums.
+
+    `loss_fn(batch) -> (loss, {term: float})`; `seed_key` = (seed, stage, rank) re-seeds torch before each
+    step; `save(epoch, step, sums)` writes the resume checkpoint (every `save_every` steps, and when a
+    Ctrl-C/SIGTERM arrives: then the step finishes, `save` runs and Interrupted is raised)."""
+    steps_per_epoch = schedule.steps_per_epoch
     model.train()
     sums = dict(sums or {"images": 0.0, "loss": 0.0})
-    bar = Progress(len(loader), f"{ctx.stage} {epoch + 1}/{ocfg.epochs}", ctx.cfg.train.progress and env.is_main)
-    for step, (x, y, idx) in enumerate(loader, start=start_step):
-        seed_step(ctx.cfg.seed, ctx.stage, epoch, step, env.rank)
-        lr = learning_rate(ocfg, epoch * steps_per_epoch + step, steps_per_epoch)
+    bar = Progress(steps_per_epoch - start_step, f"{name} {epoch + 1}/{schedule.epochs}", progress and env.is_main)
+    for step, batch in enumerate(loader, start=start_step):
+        seed_step(*seed_key[:2], epoch, step, seed_key[2])
         for group in optimizer.param_groups:
-            group["lr"] = lr
-        x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
-        loss, parts = loss_fn(x, y, idx)
-        value = float("nan") if _fault(ctx.stage, epoch, step, "nan") else loss.item()
-        stop = _check_step(ctx, bar, epoch, step, value)
+            group["lr"] = schedule.lr_at(epoch * steps_per_epoch + step)
+        batch = Batch(batch.x.to(env.device, non_blocking=True), batch.y.to(env.device, non_blocking=True),
+                      *batch[2:])
+        with precision.autocast():
+            loss, parts = loss_fn(batch)
+        value = loss.item()
+        stop = _agree_on_step(env, bar, name, epoch, step, value)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        n = len(y)
+        precision.step(loss, optimizer)
+        n = len(batch.y)
         sums["images"] += n
         sums["loss"] += value * n
-        for name, part in parts.items():
-            sums[name] = sums.get(name, 0.0) + float(part) * n
+        for term, part in parts.items():
+            sums[term] = sums.get(term, 0.0) + float(part) * n
         bar.update(loss=value)
         if stop:  # Ctrl-C / SIGTERM on any rank: this step is done; checkpoint and leave together
-            save(epoch, step + 1, sums)
             bar.close()
-            dist.raise_on_main(env, Interrupted(f"interrupted at epoch {epoch + 1} of {ctx.stage} (after "
-                                                f"{step + 1} steps); rerun the same command to resume"))
-        every = ctx.cfg.train.checkpoint_every
-        if every and (step + 1) % every == 0 and step + 1 < steps_per_epoch:
+            if save:
+                save(epoch, step + 1, sums)
+            dist.raise_on_main(env, Interrupted(f"interrupted at epoch {epoch + 1} of {name} (after {step + 1} "
+                                                "steps); rerun the same command to resume"))
+        if save and save_every and (step + 1) % save_every == 0 and step + 1 < steps_per_epoch:
             save(epoch, step + 1, sums)
-        if _fault(ctx.stage, epoch, step, "kill"):
-            os.kill(os.getpid(), signal.SIGKILL)
     bar.close()
     return reduce_sums(env, sums)
 
 
-def _check_step(ctx, bar, epoch, step, value):
+def _agree_on_step(env, bar, name, epoch, step, value):
     """One collective per step, before the update, so every rank acts at the same step: a non-finite loss on
     any rank fails the stage (nothing of this step is applied); returns whether any rank was asked to stop
     (Ctrl-C / SIGTERM), which the caller honours once this step's update is done."""
-    env = ctx.env
-    bad, stop = _agree(env, not math.isfinite(value), interrupt.local_request())
+    local = torch.tensor([0 if math.isfinite(value) else 1, 1 if interrupt.local_request() else 0])
+    bad, stop = (bool(v) for v in dist.all_reduce(env, local, op="max").tolist())
     if bad:
         bar.close()
         dist.raise_on_main(env, StageFailed(
-            f"{ctx.stage}: the loss became {value} at epoch {epoch + 1}, step {step + 1}; the last resume "
-            f"checkpoint ({ctx.run.rel(ctx.stage_path('last'))}/) is kept - lower {ctx.stage}.lr and rerun "
-            "(or --force to start over)"))
+            f"{name}: the loss became {value} at epoch {epoch + 1}, step {step + 1}; the last resume checkpoint "
+            f"is kept - lower {name}.lr and rerun (or --force to start over)"))
     return stop
-
-
-def _agree(env, *flags):
-    """Each flag OR-ed over all ranks."""
-    local = torch.tensor([1 if f else 0 for f in flags], dtype=torch.long)
-    return [bool(v) for v in dist.all_reduce(env, local, op="max").tolist()]
 
 
 def reduce_sums(env, sums):
@@ -144,59 +178,53 @@ def reduce_sums(env, sums):
     return dict(zip(keys, total.tolist()))
 
 
-def fit(ctx, *, model, modules, optimizer, ocfg, loader, loss_fn, evaluate_fn, on_epoch_start=None):
-    """Train `model` (maybe DDP-wrapped) for `ocfg.epochs`, resuming from the stage's `last/` checkpoint if
-    the pipeline said so. `modules` (name -> unwrapped module) is what the resume checkpoint holds.
-    Returns the per-epoch metric history (also written to <stage>/metrics.json)."""
-    env, path = ctx.env, ctx.run.resume_checkpoint(ctx.stage)
-    epoch0, step0, history, running = 0, 0, [], None
-    if ctx.resume:
-        state = load_training_state(path, modules, optimizer)
-        epoch0, step0, history = state["epoch"], state["step"], state["history"]
-        running = state.get("running") if env.is_main else None  # global sums; counted once, on rank 0
-        if step0 and state.get("world_size") != env.world:
-            log.warning("%s: the checkpoint was written mid-epoch by %s processes, now %d: redoing epoch %d",
-                        ctx.stage, state.get("world_size"), env.world, epoch0 + 1)
-            step0, running = 0, None
-        log.info("%s: resuming from %s (epoch %d, step %d)", ctx.stage, ctx.run.rel(path), epoch0 + 1, step0)
+@dataclass
+class ResumePoint:
+    """Where an interrupted run stopped: the epoch and step to continue from, the finished epochs' metrics,
+    and the epoch's running sums so far (global; rank 0 carries them)."""
 
-    def save(epoch, step, sums):
-        # every rank calls this at the same step; rank 0 stores the global running sums
-        if sums is not None:
-            sums = reduce_sums(env, sums)
-        if env.is_main:
-            save_training_state(path, modules, optimizer, {
-                "stage": ctx.stage, "config_hash": ctx.config_hash, "inputs": ctx.inputs,
-                "epoch": epoch, "step": step, "history": history, "running": sums, "world_size": env.world,
-                "best_val_acc": max((h["val_acc"] for h in history), default=None),
-                # the learning rate is a pure function of the global step and the RNG is re-seeded from
-                # (seed, stage, epoch, step, rank) every step: (epoch, step) restores both exactly
-                "lr_schedule": {"kind": ocfg.schedule, "global_step": epoch * len(loader.sampler.base) + step},
-                "rng": {"reseeded_from": [ctx.cfg.seed, ctx.stage, epoch, step]}})
-        dist.barrier(env)
+    epoch: int = 0
+    step: int = 0
+    history: list = None
+    running: dict = None
 
-    for epoch in range(epoch0, ocfg.epochs):
+
+def fit(model, loader, optimizer, loss_fn, *, env, schedule, evaluate_fn, seed_key, resume=None, save=None,
+        save_every=0, on_epoch_start=None, on_epoch_end=None, sync_modules=(), precision=FP32, name="train",
+        progress=False):
+    """Train `model` (maybe DDP-wrapped) for `schedule.epochs` from `resume` (a ResumePoint, or the start).
+
+    `loader.sampler` is an `EpochBatches`; `evaluate_fn(epoch) -> metrics`; `save(epoch, step, history, sums)`
+    writes the resume checkpoint (called at the end of every epoch too); `on_epoch_end(history)` is the
+    metrics sink; `sync_modules` get rank 0's buffers after each epoch. Returns the per-epoch metric history."""
+    start = resume or ResumePoint()
+    history = list(start.history or [])
+    saver = (lambda epoch, step, sums: save(epoch, step, history, sums)) if save else None
+    for epoch in range(start.epoch, schedule.epochs):
         if interrupt.requested(env):
-            dist.raise_on_main(env, Interrupted(f"interrupted at epoch {epoch + 1} of {ctx.stage} (before its first "
+            dist.raise_on_main(env, Interrupted(f"interrupted at epoch {epoch + 1} of {name} (before its first "
                                                 "step); rerun the same command to resume"))
         if on_epoch_start:
             on_epoch_start(epoch)
-        skip = step0 if epoch == epoch0 else 0
-        set_epoch(loader, epoch, skip)
-        start = time.perf_counter()
-        sums = train_one_epoch(ctx, model, loader, optimizer, loss_fn, ocfg, epoch, skip,
-                               running if epoch == epoch0 else None, save)
-        seconds = time.perf_counter() - start
-        for module in modules.values():
+        skip = start.step if epoch == start.epoch else 0
+        loader.sampler.set_epoch(epoch, skip)
+        began = time.perf_counter()
+        sums = train_one_epoch(model, loader, optimizer, loss_fn, env=env, epoch=epoch, schedule=schedule,
+                               seed_key=seed_key, start_step=skip, sums=start.running if epoch == start.epoch else None,
+                               save=saver, save_every=save_every, precision=precision, name=name, progress=progress)
+        seconds = time.perf_counter() - began
+        for module in sync_modules:
             dist.sync_buffers(env, module)
         metrics = {"epoch": epoch + 1, **epoch_losses(sums), **evaluate_fn(epoch),
                    "images_per_s": round(sums["images"] / seconds, 1) if seconds > 0 else None,
                    "seconds": round(seconds, 2), "lr_end": optimizer.param_groups[0]["lr"]}
         history.append(metrics)
-        log.info("%s: epoch %d/%d %s", ctx.stage, epoch + 1, ocfg.epochs, format_metrics(metrics))
-        save(epoch + 1, 0, None)
         if env.is_main:
-            atomic_write_json(ctx.stage_path("metrics.json"), {"stage": ctx.stage, "epochs": history})
+            log.info("%s: epoch %d/%d %s", name, epoch + 1, schedule.epochs, format_metrics(metrics))
+        if saver:
+            saver(epoch + 1, 0, None)
+        if on_epoch_end:
+            on_epoch_end(history)
     return history
 
 

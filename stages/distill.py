@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from compress import dist
 from compress.checkpoint import save_weights
-from compress.context import StageResult
+from compress.context import Input, StageResult
 from compress.data import eval_loader, load_data, train_loader
 from compress.distillation import (
     FrozenTeacher,
@@ -25,19 +25,20 @@ from compress.losses import (
     reduce_width,
 )
 from compress.models import build_model, count_parameters
-from compress.train import build_optimizer, evaluate, fit
+from compress.report import file_size
+from compress.train import build_optimizer, evaluate
 
 log = logging.getLogger(__name__)
 
 NAME = "distill"
 SUMMARY = "train the small student from the frozen teacher (KD, cosine, hint)"
 CONFIG_KEYS = ("seed", "data", "model.teacher", "model.student", "distill")
-OUTPUTS = ("distill/model.safetensors", "distill/metrics.json")
+OUTPUTS = {"model": "distill/model.safetensors", "metrics": "distill/metrics.json"}
 RANK0_ONLY = False
 
 
 def inputs(cfg):
-    return [("teacher", "teacher/model.safetensors")]
+    return [Input("teacher", "model")]
 
 
 def build_student(cfg, data, teacher):
@@ -47,7 +48,7 @@ def build_student(cfg, data, teacher):
     student = StudentWithRegressor(build_model(cfg.model.student, data.input_shape, data.num_classes),
                                    cosine_layer=d.cosine.student_layer if d.cosine.weight else None,
                                    hint_layer=d.hint.student_layer if d.hint.weight else None)
-    example = data.val[[0, 1]][0]
+    example = data.val.batch([0, 1]).x
     shapes = probe_shapes(student, teacher, example)
     if d.cosine.weight:
         width = shapes[("student", d.cosine.student_layer)]
@@ -62,9 +63,10 @@ def build_student(cfg, data, teacher):
 def make_loss(cfg, ddp_student, teacher, cache, device):
     d = cfg.distill
 
-    def loss_fn(x, y, idx):
+    def loss_fn(batch):
+        x, y = batch.x, batch.y
         logits, s_cosine, s_hint = ddp_student(x)
-        t = cache.lookup(idx, device) if cache is not None else teacher(x)
+        t = cache.lookup(batch.index, device) if cache is not None else teacher(x)
         terms = {}
         if d.ce_weight:
             terms["ce"] = (d.ce_weight, F.cross_entropy(logits, y))
@@ -83,7 +85,7 @@ def make_loss(cfg, ddp_student, teacher, cache, device):
 def run(ctx):
     cfg, env, d = ctx.cfg, ctx.env, ctx.cfg.distill
     data = load_data(cfg.data, cfg.seed)
-    teacher_model, _ = ctx.load_model("teacher/model.safetensors", cfg.model.teacher, data, expect_stage="teacher")
+    teacher_model, _ = ctx.load_model(("teacher", "model"), cfg.model.teacher, data)
     teacher = FrozenTeacher(teacher_model, cosine_layer=d.cosine.teacher_layer if d.cosine.weight else None,
                             hint_layer=d.hint.teacher_layer if d.hint.weight else None)
     student = build_student(cfg, data, teacher).to(env.device)  # shapes probed on the CPU, then moved
@@ -106,15 +108,15 @@ def run(ctx):
     modules = {"student": student.student}
     if student.regressor is not None:
         modules["regressor"] = student.regressor
-    history = fit(ctx, model=ddp_student, modules=modules, optimizer=build_optimizer(student.parameters(), d),
-                  ocfg=d, loader=loader, loss_fn=make_loss(cfg, ddp_student, teacher, cache, env.device),
-                  evaluate_fn=lambda epoch: evaluate(student.student, val, env))
+    history = ctx.fit(ddp_student, modules=modules, optimizer=build_optimizer(student.parameters(), d), ocfg=d,
+                      loader=loader, loss_fn=make_loss(cfg, ddp_student, teacher, cache, env.device),
+                      evaluate_fn=lambda epoch: evaluate(student.student, val, env))
     mismatched = dist.replica_mismatches(env, student)
     dist.fail_if(env, mismatched, f"distill: ranks disagree on {len(mismatched)} tensors after training "
                  f"({', '.join(mismatched[:3])}); DDP went out of sync")
     if env.is_main:
-        save_weights(ctx.stage_path("model.safetensors"), student.student,
-                     ctx.weights_metadata(cfg.model.student, data, parent=ctx.inputs["teacher/model.safetensors"]))
+        save_weights(ctx.run.path(OUTPUTS["model"]), student.student,
+                     ctx.weights_metadata(cfg.model.student, data, parent=ctx.input_sha256("teacher", "model")))
     teacher_acc = evaluate(teacher.model, val, env)["val_acc"]
     final = history[-1]
     metrics = {"val_acc": final["val_acc"], "val_loss": final["val_loss"], "teacher_val_acc": teacher_acc,
@@ -124,5 +126,11 @@ def run(ctx):
                                  "megabytes": round(cache.nbytes() / 1e6, 2) if cache else 0.0},
                "losses": [k for k, w in (("ce", d.ce_weight), ("kd", d.kd.weight), ("cosine", d.cosine.weight),
                                          ("hint", d.hint.weight)) if w]}
-    return StageResult(metrics, list(OUTPUTS),
+    return StageResult(metrics, list(OUTPUTS.values()),
                        f"student {cfg.model.student}: val acc {final['val_acc']:.2f}% (teacher {teacher_acc:.2f}%)")
+
+
+def report_rows(entry, path):
+    m = entry["metrics"]
+    return [{"id": "student", "artifact": "student (PyTorch fp32)", "file": OUTPUTS["model"], "params": m["params"],
+             "size_bytes": file_size(path("model")), "val_acc": m["val_acc"]}]

@@ -9,11 +9,12 @@ import numpy as np
 import torch
 
 from compress import __version__, deploy, quant
-from compress.checkpoint import atomic_write_json, load_weights, read_weights
-from compress.context import StageResult
+from compress.checkpoint import load_weights, read_weights
+from compress.context import Input, StageResult
 from compress.data import eval_loader, load_data
 from compress.errors import CompressError, StageFailed
-from compress.models import build_model
+from compress.fileio import atomic_write_json
+from compress.models import build_model, count_parameters
 from compress.to_onnx import export_onnx
 
 log = logging.getLogger(__name__)
@@ -21,12 +22,14 @@ log = logging.getLogger(__name__)
 NAME = "export"
 SUMMARY = "float + int8 ONNX, verified with onnxruntime (parity, accuracy, int8 kernels, size, latency)"
 CONFIG_KEYS = ("seed", "data", "model", "qat.source", "export")
-OUTPUTS = ("export/model.fp32.onnx", "export/model.int8.onnx", "export/export.json")
+OUTPUTS = {"fp32": "export/model.fp32.onnx", "int8": "export/model.int8.onnx", "report": "export/export.json"}
 RANK0_ONLY = True
 
 
 def inputs(cfg):
-    return [(cfg.qat.source, f"{cfg.qat.source}/model.safetensors"), ("qat", "qat/qat.safetensors")]
+    # the teacher is timed for the report's comparison row only: optional, and a broken file just drops the row
+    teacher = [Input("teacher", "model", required=False)] if cfg.qat.source == "distill" else []
+    return [Input(cfg.qat.source, "model"), Input("qat", "model"), *teacher]
 
 
 def run(ctx):
@@ -34,24 +37,24 @@ def run(ctx):
     data = load_data(cfg.data, cfg.seed)
     source = cfg.qat.source
     model_name = cfg.model.student if source == "distill" else cfg.model.teacher
-    float_rel, qat_rel = f"{source}/model.safetensors", "qat/qat.safetensors"
-    float_model, _ = ctx.load_model(float_rel, model_name, data, expect_stage=source)
-    int8_model, qconfig = _rebuild_int8(ctx, qat_rel, model_name, data)
+    float_model, _ = ctx.load_model((source, "model"), model_name, data)
+    int8_model, qconfig = _rebuild_int8(ctx, model_name, data)
     ctx.begin()
 
-    example = data.val[[0, 1]][0]
+    example = data.val.batch([0, 1]).x
     meta = {"model": model_name, "dataset": data.name, "class_names": list(data.class_names),
             "input_shape": list(data.input_shape), "channel_order": "gray" if data.input_shape[0] == 1 else "RGB",
             "pixel_scale": "1/255", "mean": list(data.mean), "std": list(data.std),
             "compress_version": __version__}
-    paths = {"fp32": ctx.stage_path("model.fp32.onnx"), "int8": ctx.stage_path("model.int8.onnx")}
+    paths = {"fp32": ctx.run.path(OUTPUTS["fp32"]), "int8": ctx.run.path(OUTPUTS["int8"])}
     export_onnx(float_model, example, paths["fp32"], e.opset,
-                {**meta, "precision": "fp32", "source_sha256": ctx.inputs[float_rel]})
+                {**meta, "precision": "fp32", "source_sha256": ctx.input_sha256(source, "model")})
     export_onnx(int8_model, example, paths["int8"], e.opset,
-                {**meta, "precision": "int8", "source_sha256": ctx.inputs[qat_rel], "qconfig": qconfig})
+                {**meta, "precision": "int8", "source_sha256": ctx.input_sha256("qat", "model"), "qconfig": qconfig})
 
     loader = eval_loader(data.val, cfg.train.eval_batch_size, 0, 1)
-    report = {"opset": e.opset, "files": {k: os.path.basename(p) for k, p in paths.items()},
+    report = {"opset": e.opset, "params": count_parameters(float_model),
+              "files": {k: os.path.basename(p) for k, p in paths.items()},
               "size_bytes": {k: os.path.getsize(p) for k, p in paths.items()}}
     report["size_ratio_int8_fp32"] = round(report["size_bytes"]["int8"] / report["size_bytes"]["fp32"], 4)
     report["fp32"] = compare(float_model, deploy.OnnxModel(paths["fp32"]), loader)
@@ -65,35 +68,35 @@ def run(ctx):
     if reference:
         report["latency_ms"]["teacher"], report["size_bytes"]["teacher_onnx"] = reference
     report["checks"] = checks(report, e)
-    atomic_write_json(ctx.stage_path("export.json"), report)
+    atomic_write_json(ctx.run.path(OUTPUTS["report"]), report)
     failed = [name for name, c in report["checks"].items() if not c["ok"]]
     if failed:
         details = "; ".join(f"{n}: {report['checks'][n]['detail']}" for n in failed)
         raise StageFailed(f"export: {len(failed)} check(s) failed - {details}; files kept in "
                           f"{ctx.run.rel(ctx.stage_path())}/, figures in export.json")
-    return StageResult(summary_metrics(report), list(OUTPUTS), _summary(report))
+    return StageResult(summary_metrics(report), list(OUTPUTS.values()), _summary(report))
 
 
-def _rebuild_int8(ctx, qat_rel, model_name, data):
-    tensors, meta = read_weights(ctx.run.path(qat_rel), expect_stage="qat", expect_model=model_name,
-                                 expect_sha256=ctx.inputs[qat_rel])
+def _rebuild_int8(ctx, model_name, data):
+    path = ctx.input_path("qat", "model")
+    tensors, meta = read_weights(path, expect_stage="qat", expect_model=model_name,
+                                 expect_sha256=ctx.input_sha256("qat", "model"))
     q = meta["qconfig"]
-    example = data.val[[0, 1]][0]
+    example = data.val.batch([0, 1]).x
     model = quant.rebuild_int8(build_model(model_name, data.input_shape, data.num_classes), tensors, example,
-                               q["backend"], q["activation_range"], q["per_channel"], ctx.run.path(qat_rel))
+                               q["backend"], q["activation_range"], q["per_channel"], path)
     return model, q
 
 
 def _teacher_reference(ctx, data, example, e):
     """The teacher's onnxruntime latency and ONNX size, for comparison in the report (file not kept)."""
-    entry = ctx.run.stage_entry("teacher") or {}
-    rel = "teacher/model.safetensors"
-    if entry.get("status") != "complete" or rel not in entry.get("outputs", {}):
+    path = ctx.input_path("teacher", "model")
+    if path is None:
         return None
     model = build_model(ctx.cfg.model.teacher, data.input_shape, data.num_classes)
     try:
-        load_weights(model, ctx.run.path(rel), expect_stage="teacher", expect_model=ctx.cfg.model.teacher,
-                     expect_sha256=entry["outputs"][rel])
+        load_weights(model, path, expect_stage="teacher", expect_model=ctx.cfg.model.teacher,
+                     expect_sha256=ctx.input_sha256("teacher", "model"))
     except CompressError as error:  # only a comparison row in the report: say why it is missing, go on
         log.warning("export: no teacher row in the report (%s)", error)
         return None
@@ -140,7 +143,8 @@ def checks(report, e):
 
 def summary_metrics(report):
     lat = {k: {f"b{r['batch']}_t{r['threads']}": r["ms"] for r in rows} for k, rows in report["latency_ms"].items()}
-    return {"fp32_onnx_acc": report["fp32"]["onnx_acc"], "int8_onnx_acc": report["int8"]["onnx_acc"],
+    return {"params": report["params"], "fp32_onnx_acc": report["fp32"]["onnx_acc"],
+            "int8_onnx_acc": report["int8"]["onnx_acc"],
             "fp32_bytes": report["size_bytes"]["fp32"], "int8_bytes": report["size_bytes"]["int8"],
             "size_ratio": report["size_ratio_int8_fp32"], "fp32_max_abs_diff": report["fp32"]["max_abs_diff"],
             "fp32_top1_agreement": report["fp32"]["top1_agreement"],
@@ -155,3 +159,28 @@ def _summary(report):
     return (f"fp32 ONNX {report['fp32']['onnx_acc']:.2f}% {report['size_bytes']['fp32'] / 1e3:.0f} KB, "
             f"int8 ONNX {report['int8']['onnx_acc']:.2f}% {report['size_bytes']['int8'] / 1e3:.0f} KB, "
             f"batch {big}, {cores} threads: int8 {q:.2f} ms vs fp32 {f:.2f} ms ({f / q:.2f}x faster)")
+
+
+def report_rows(entry, path):
+    """The two ONNX rows, and the teacher's latency (measured here) for the teacher's row."""
+    from compress.fileio import read_json
+
+    export = read_json(path("report"), "export report")
+    params = entry["metrics"].get("params")
+    rows = []
+    for kind in ("fp32", "int8"):
+        b1, b64 = _latency_pair(export["latency_ms"][kind])
+        rows.append({"id": f"{kind}_onnx", "artifact": f"{kind} ONNX (onnxruntime)", "file": OUTPUTS[kind],
+                     "params": params, "size_bytes": export["size_bytes"][kind], "val_acc": export[kind]["onnx_acc"],
+                     "latency_b1_ms": b1, "latency_b64_ms": b64})
+    if "teacher" in export["latency_ms"]:
+        b1, b64 = _latency_pair(export["latency_ms"]["teacher"])
+        rows.append({"id": "teacher", "latency_b1_ms": b1, "latency_b64_ms": b64})
+    return rows
+
+
+def _latency_pair(cells):
+    """(batch-1, largest-batch) milliseconds on the most threads measured."""
+    best = max(c["threads"] for c in cells)
+    pick = {c["batch"]: c["ms"] for c in cells if c["threads"] == best}
+    return pick.get(1), pick.get(max(pick))

@@ -8,36 +8,35 @@ import torch.nn.functional as F
 
 from compress import dist, quant
 from compress.checkpoint import read_weights, save_weights
-from compress.context import StageResult
+from compress.context import Input, StageResult
 from compress.data import eval_loader, load_data, train_loader
 from compress.dist import DistEnv
 from compress.models import build_model, count_parameters
-from compress.train import build_optimizer, evaluate, fit
+from compress.train import build_optimizer, evaluate
 
 log = logging.getLogger(__name__)
 
 NAME = "qat"
 SUMMARY = "quantization-aware fine-tuning (FX, DDP); int8 accuracy checked every epoch"
 CONFIG_KEYS = ("seed", "data", "model", "qat")
-OUTPUTS = ("qat/qat.safetensors", "qat/metrics.json")
+OUTPUTS = {"model": "qat/qat.safetensors", "metrics": "qat/metrics.json"}
 RANK0_ONLY = False
 
 
 def inputs(cfg):
-    return [(cfg.qat.source, f"{cfg.qat.source}/model.safetensors")]
+    return [Input(cfg.qat.source, "model")]
 
 
 def run(ctx):
     cfg, env, q = ctx.cfg, ctx.env, ctx.cfg.qat
     data = load_data(cfg.data, cfg.seed)
     model_name = cfg.model.student if q.source == "distill" else cfg.model.teacher
-    rel = f"{q.source}/model.safetensors"
-    float_model, _ = ctx.load_model(rel, model_name, data, expect_stage=q.source)
+    float_model, _ = ctx.load_model((q.source, "model"), model_name, data)
     val = eval_loader(data.val, cfg.train.eval_batch_size, env.rank, env.world, cfg.train.num_workers)
     full_val = eval_loader(data.val, cfg.train.eval_batch_size, 0, 1)
     float_acc = evaluate(float_model.to(env.device), val, env)["val_acc"]  # before prepare: it edits modules
 
-    example = data.val[[0, 1]][0]
+    example = data.val.batch([0, 1]).x
     torch.manual_seed(cfg.seed)
     prepared = quant.prepare(float_model.cpu(), example, q.backend, q.activation_range, q.per_channel)
     ctx.begin()
@@ -56,14 +55,13 @@ def run(ctx):
         int8_acc = dist.on_main(env, lambda: evaluate(quant.convert(prepared), full_val, DistEnv())["val_acc"])
         return {**fake, "int8_acc": int8_acc}
 
-    def loss_fn(x, y, idx):
-        return F.cross_entropy(ddp_model(x), y), {}
+    def loss_fn(batch):
+        return F.cross_entropy(ddp_model(batch.x), batch.y), {}
 
     batch = dist.per_rank_batch(q.batch_size, env, "qat.batch_size")
     loader = train_loader(data.train, batch, env.rank, env.world, cfg.seed, cfg.train.num_workers)
-    history = fit(ctx, model=ddp_model, modules={"model": prepared},
-                  optimizer=build_optimizer(prepared.parameters(), q), ocfg=q, loader=loader, loss_fn=loss_fn,
-                  evaluate_fn=evaluate_fn, on_epoch_start=on_epoch_start)
+    history = ctx.fit(ddp_model, modules={"model": prepared}, optimizer=build_optimizer(prepared.parameters(), q),
+                      ocfg=q, loader=loader, loss_fn=loss_fn, evaluate_fn=evaluate_fn, on_epoch_start=on_epoch_start)
 
     mismatched = dist.replica_mismatches(env, prepared)
     dist.fail_if(env, mismatched, f"qat: ranks disagree on {len(mismatched)} tensors after training "
@@ -75,8 +73,9 @@ def run(ctx):
                "replicas_identical": True, "buffers_identical": True,
                "qconfig": quant.describe_qconfig(q)}
     if env.is_main:
-        path = ctx.stage_path("qat.safetensors")
-        save_weights(path, prepared, {**ctx.weights_metadata(model_name, data, parent=ctx.inputs[rel]),
+        path = ctx.run.path(OUTPUTS["model"])
+        save_weights(path, prepared, {**ctx.weights_metadata(model_name, data,
+                                                            parent=ctx.input_sha256(q.source, "model")),
                                       "source": q.source, "qconfig": quant.describe_qconfig(q)})
         metrics["rebuild_identical"] = _rebuild_matches(path, prepared, model_name, data, example, q)
     dist.barrier(env)
@@ -86,7 +85,13 @@ def run(ctx):
                  f"qat: int8 accuracy {final['int8_acc']:.2f}% is {metrics['accuracy_drop']:.2f} points below the "
                  f"float model's {float_acc:.2f}%, over the budget qat.max_accuracy_drop={q.max_accuracy_drop}; "
                  f"outputs kept in {ctx.run.rel(ctx.stage_path())}/ for inspection")
-    return StageResult(metrics, list(OUTPUTS), summary)
+    return StageResult(metrics, list(OUTPUTS.values()), summary)
+
+
+def report_rows(entry, path):
+    m = entry["metrics"]
+    return [{"id": "qat", "artifact": "student QAT int8 (PyTorch)", "file": OUTPUTS["model"], "params": m["params"],
+             "val_acc": m["int8_acc"]}]
 
 
 def _rebuild_matches(path, prepared, model_name, data, example, q):
@@ -94,6 +99,6 @@ def _rebuild_matches(path, prepared, model_name, data, example, q):
     tensors, _ = read_weights(path, expect_stage="qat")
     rebuilt = quant.rebuild_int8(build_model(model_name, data.input_shape, data.num_classes), tensors, example,
                                  q.backend, q.activation_range, q.per_channel, path)
-    x = data.val[list(range(min(64, len(data.val))))][0]
+    x = data.val.batch(range(min(64, len(data.val)))).x
     with torch.no_grad():
         return bool(torch.equal(quant.convert(prepared)(x), rebuilt(x)))

@@ -2,6 +2,7 @@
 one completed pipeline run that read-only tests share (tests that change files work on a copy)."""
 
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,24 @@ def compress_subprocess(*args, env=None, timeout=600):
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([exe, *[str(a) for a in args]], capture_output=True, text=True, env=full_env,
                           timeout=timeout)
+
+
+FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults.py")
+
+
+def fault_subprocess(*args, fault, env=None, timeout=600):
+    """`compress` run through tests/faults.py with COMPRESS_FAULT=`fault` (see that file)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COMPRESS_FAULT": fault, **(env or {})}
+    return subprocess.run([sys.executable, FAULTS, *[str(a) for a in args]], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+def random_seed(name):
+    """A seed for a randomised test: COMPRESS_TEST_SEED if set, else a fresh one; printed so a failure can be
+    replayed with COMPRESS_TEST_SEED=<seed>."""
+    seed = int(os.environ.get("COMPRESS_TEST_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"{name}: COMPRESS_TEST_SEED={seed}")
+    return seed
 
 
 @pytest.fixture(scope="session")

@@ -8,16 +8,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from compress import quant
 from compress.checkpoint import (
-    atomic_write_bytes,
     load_training_state,
     load_weights,
     read_metadata,
     read_weights,
     save_training_state,
     save_weights,
-    sha256_file,
 )
 from compress.errors import CheckpointError
+from compress.fileio import atomic_write_bytes, sha256_file
 from compress.models import build_model
 
 

@@ -14,8 +14,10 @@ def test_registries_agree_cli_config_and_folders():
     for name, module in stages.STAGES.items():
         assert module.NAME == name
         assert name in config_sections, f"stage {name} has no config section"
-        assert all(out.startswith(f"{name}/") for out in module.OUTPUTS), "a stage writes only its own folder"
-        assert callable(module.run) and callable(module.inputs)
+        assert all(out.startswith(f"{name}/") for out in module.OUTPUTS.values()), "a stage writes only its own folder"
+        assert callable(module.run) and callable(module.inputs) and callable(module.report_rows)
+        for item in module.inputs(Config()):  # every input names another stage's declared output
+            assert item.stage in stages.STAGES and item.output in stages.STAGES[item.stage].OUTPUTS
 
 
 def test_command_dict_matches_the_cli():

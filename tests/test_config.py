@@ -1,9 +1,11 @@
 import glob
 import os
+import subprocess
+import sys
 
 import pytest
 
-from compress import schema
+from compress import preflight, schema
 from compress.config import Config, dump_config, load_config, section_hash
 from compress.errors import ConfigError, InputError
 
@@ -61,8 +63,38 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
 def test_missing_config_file_and_missing_dataset_folder(tmp_path):
     with pytest.raises(InputError, match="not found"):
         load_config(str(tmp_path / "nope.yaml"))
-    with pytest.raises(ConfigError, match="data.root: folder .* does not exist"):
-        load_config(None, ["data.name=imagefolder", f"data.root={tmp_path / 'missing'}"])
+    # parsing never touches the disk: the folder is checked by the preflight step, before anything is written
+    cfg = load_config(None, ["data.name=imagefolder", f"data.root={tmp_path / 'missing'}", "model.student=tiny"])
+    with pytest.raises(ConfigError) as info:
+        preflight.check(cfg, ["teacher"], world_size=3)
+    problems = info.value.problems
+    assert any(p.startswith("data.root: folder") and "does not exist" in p for p in problems)
+    assert any(p.startswith("model.student: unknown model 'tiny'") for p in problems)
+    assert "teacher.batch_size: 64 does not split evenly over 3 processes; use a multiple of 3" in problems
+
+
+def test_parsing_a_config_is_pure():
+    """No torch import and no filesystem access while parsing: `compress config` and `--help` stay instant."""
+    code = ("import sys; from compress.config import load_config; "
+            "load_config(None, ['data.name=imagefolder', 'data.root=/nonexistent', 'model.teacher=torchvision:x']); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("override,message", [
+    ("qat.max_accuracy_drop=nan", "qat.max_accuracy_drop: expected a finite number"),
+    ("data.std=[.inf]", "data.std[0]: expected a finite number"),
+    ("teacher.lr=inf", "teacher.lr: expected a finite number"),
+    ("data.image_size=100000", "data.image_size: must be between 8 and 2048"),
+    ("seed=100000000000000000000000", "seed: 100000000000000000000000 is far too large"),
+    ("seed=-1", "seed: must be between 0 and"),
+    ("distill.kd.temperature=.NaN", "distill.kd.temperature: expected a finite number"),
+])
+def test_non_finite_and_absurd_numbers_are_refused(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert any(p.startswith(message) for p in info.value.problems), info.value.problems
 
 
 def test_resolved_config_round_trips_through_yaml(tmp_path):

@@ -4,7 +4,7 @@ import torch
 from PIL import Image
 
 from compress.config import load_config
-from compress.data import eval_loader, load_data, set_epoch, train_loader
+from compress.data import eval_loader, load_data, train_loader
 from compress.errors import InputError
 
 
@@ -23,7 +23,7 @@ def test_split_is_deterministic_from_the_seed():
 
 def test_normalisation_is_computed_on_the_train_split():
     data = load_data(data_cfg("data.name=digits"), seed=0)
-    x, _, _ = data.train[list(range(len(data.train)))]
+    x, _, _ = data.train.batch(range(len(data.train)))
     assert abs(x.mean().item()) < 1e-3 and abs(x.std().item() - 1.0) < 1e-2
     given = load_data(data_cfg("data.name=digits", "data.mean=[0.5]", "data.std=[0.5]"), seed=0)
     assert given.mean == (0.5,) and given.std == (0.5,)
@@ -37,12 +37,9 @@ def test_mnist5k_ships_offline():
 
 def test_augmentation_depends_only_on_seed_epoch_and_index():
     data = load_data(data_cfg("data.name=digits", "data.augment=true"), seed=0)
-    data.train.set_epoch(3)
-    first = data.train[[5, 9]][0]
-    data.train.set_epoch(4)
-    other_epoch = data.train[[5, 9]][0]
-    data.train.set_epoch(3)
-    assert torch.equal(first, data.train[[5, 9]][0])
+    first = data.train.batch([5, 9], epoch=3).x
+    other_epoch = data.train.batch([5, 9], epoch=4).x
+    assert torch.equal(first, data.train.batch([5, 9], epoch=3).x)
     assert not torch.equal(first, other_epoch)
 
 
@@ -58,9 +55,9 @@ def test_eval_shards_cover_every_sample_once():
 def test_train_loader_resumes_mid_epoch_with_the_same_batches():
     data = load_data(data_cfg("data.name=digits"), seed=0)
     loader = train_loader(data.train, 32, 0, 1, seed=0)
-    set_epoch(loader, 2)
+    loader.sampler.set_epoch(2)
     full = [idx.tolist() for _, _, idx in loader]
-    set_epoch(loader, 2, skip=5)
+    loader.sampler.set_epoch(2, skip=5)
     assert [idx.tolist() for _, _, idx in loader] == full[5:]
 
 
@@ -73,7 +70,7 @@ def test_imagefolder_reads_a_class_tree(tmp_path):
     data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
                               "data.val_fraction=0.25"), seed=0)
     assert data.class_names == ("cat", "dog") and data.input_shape == (3, 16, 16)
-    x, y, _ = data.train[[0, 1]]
+    x, y, _ = data.train.batch([0, 1])
     assert x.shape == (2, 3, 16, 16) and set(y.tolist()) <= {0, 1}
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from compress.checkpoint import read_weights
-from conftest import compress_subprocess
+from conftest import FAULTS, compress_subprocess
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +46,11 @@ def test_a_lost_worker_restarts_the_group_which_resumes_identically(ddp_run, tin
     checkpoint and end with the weights of the uninterrupted 2-process run."""
     reference, _ = ddp_run
     run = tmp_path / "lost"
-    proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher",
-                               "--nproc-per-node", "2", "--max-restarts", "1",
-                               env={"COMPRESS_FAULT": "teacher:1:6:kill:1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts",
+         "1", FAULTS, "run", "-c", tiny_config, "--run-dir", str(run), "--stages", "teacher"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "COMPRESS_FAULT": "teacher:1:6:kill:1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "lost contact with another worker" in proc.stderr and "resuming" in proc.stderr
     a, _ = read_weights(reference / "teacher" / "model.safetensors")

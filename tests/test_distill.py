@@ -43,10 +43,10 @@ def test_cached_and_per_batch_teacher_give_the_same_loss():
     cfg, data, teacher, student = setup()
     cache = build_cache(teacher, data.train, DistEnv(), batch_size=100)
     idx = list(range(0, 64, 2))
-    x, y, index = data.train[idx]
+    batch = data.train.batch(idx)
     student.train()
-    cached_loss, cached_parts = make_loss(cfg, student, teacher, cache, "cpu")(x, y, index)
-    live_loss, live_parts = make_loss(cfg, student, teacher, None, "cpu")(x, y, index)
+    cached_loss, cached_parts = make_loss(cfg, student, teacher, cache, "cpu")(batch)
+    live_loss, live_parts = make_loss(cfg, student, teacher, None, "cpu")(batch)
     assert set(cached_parts) == {"ce", "kd", "cosine", "hint"}
     assert cached_loss.item() == pytest.approx(live_loss.item(), rel=1e-5)
     for k in cached_parts:
@@ -56,8 +56,7 @@ def test_cached_and_per_batch_teacher_give_the_same_loss():
 def test_hint_regressor_trains_with_the_student():
     cfg, data, teacher, student = setup()
     assert student.regressor is not None
-    x, y, idx = data.train[list(range(32))]
-    loss, _ = make_loss(cfg, student, teacher, None, "cpu")(x, y, idx)
+    loss, _ = make_loss(cfg, student, teacher, None, "cpu")(data.train.batch(range(32)))
     loss.backward()
     assert student.regressor.weight.grad is not None and student.regressor.weight.grad.abs().sum() > 0
     assert all(p.grad is None for p in teacher.model.parameters()), "the teacher must stay frozen"

@@ -66,7 +66,7 @@ def write_val_pngs(tmp_path, count=6):
         path = tmp_path / f"val{i}.png"
         Image.fromarray(img[0].numpy()).save(path)
         paths.append(str(path))
-    x, _, _ = data.val[list(range(count))]
+    x, _, _ = data.val.batch(range(count))
     return paths, x
 
 

@@ -10,7 +10,7 @@ import subprocess
 import torch
 
 from compress.checkpoint import read_metadata, read_weights
-from conftest import compress_subprocess
+from conftest import compress_subprocess, fault_subprocess, random_seed
 
 FILES = {"teacher": "teacher/model.safetensors", "distill": "distill/model.safetensors", "qat": "qat/qat.safetensors"}
 STEPS_PER_EPOCH = 51  # 1,617 digits / batch 32
@@ -28,15 +28,17 @@ def assert_identical(run_a, run_b, stages):
 
 
 def test_kill_9_in_each_training_stage_then_resume_is_bit_identical(finished_run, tiny_config, tmp_path):
-    rng = random.Random(os.urandom(8))
+    seed = random_seed("kill-9 moments")
+    rng = random.Random(seed)
     moments = {stage: (rng.randrange(2), rng.randrange(STEPS_PER_EPOCH - 1)) for stage in FILES}
-    where = ", ".join(f"{s} epoch {e + 1} step {k + 1}" for s, (e, k) in moments.items())
+    where = f"COMPRESS_TEST_SEED={seed}: " + ", ".join(
+        f"{s} epoch {e + 1} step {k + 1}" for s, (e, k) in moments.items())
     run = tmp_path / "killed"
     # checkpoint every 7 steps too, so some kills resume mid-epoch (train.* never changes results)
     base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher,distill,qat",
             "--set", "train.checkpoint_every=7"]
     for stage, (epoch, step) in moments.items():
-        proc = compress_subprocess(*base, env={"COMPRESS_FAULT": f"{stage}:{epoch}:{step}"})
+        proc = fault_subprocess(*base, fault=f"{stage}:{epoch}:{step}")
         assert proc.returncode == -signal.SIGKILL, f"[{where}] {stage} was not killed: {proc.stderr[-2000:]}"
     proc = compress_subprocess(*base)
     assert proc.returncode == 0, proc.stderr
@@ -71,7 +73,7 @@ def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_r
 def test_nan_loss_stops_the_stage_and_keeps_the_last_good_checkpoint(finished_run, tiny_config, tmp_path):
     run = tmp_path / "nan"
     base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher"]
-    proc = compress_subprocess(*base, env={"COMPRESS_FAULT": "teacher:1:4:nan"})
+    proc = fault_subprocess(*base, fault="teacher:1:4:nan")
     assert proc.returncode == 1, proc.stderr
     assert "teacher: the loss became nan at epoch 2, step 5" in proc.stderr and "Traceback" not in proc.stderr
     kept = run / "teacher" / "last" / "checkpoint.safetensors"

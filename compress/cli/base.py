@@ -49,7 +49,7 @@ class CompressGroup(click.Group):
         except CompressError as e:
             if _debug["on"]:
                 raise
-            from compress.dist import MirroredError
+            from compress.errors import MirroredError
 
             rank = int(os.environ.get("RANK", 0))
             if not isinstance(e, MirroredError):  # rank 0 already said it

@@ -25,15 +25,16 @@ def show(run_dir):
     Example:
       compress show artifacts/default
     """
-    from compress.pipeline import stage_status
     from compress.rundir import file_check
+    from compress.status import stage_states
     from stages import STAGES
 
     run = _existing_run(run_dir)
     manifest = run.manifest()
+    states = stage_states(run, STAGES, manifest)
     click.echo(f"run {run.root}")
-    for name, spec in STAGES.items():
-        state, detail = stage_status(run, spec, manifest)
+    for name in STAGES:
+        state, detail = states[name]
         entry = manifest["stages"].get(name) or {}
         line = f"{name:8} {state}" + (f" ({detail})" if detail else "")
         if entry.get("seconds") is not None and state != "not run":
@@ -62,7 +63,10 @@ def report(run_dir):
       compress report artifacts/default
     """
     from compress.report import markdown_table, write_report
+    from compress.rundir import RunLock
+    from stages import STAGES
 
     run = _existing_run(run_dir)
-    click.echo(markdown_table(write_report(run)))
+    with RunLock(run):
+        click.echo(markdown_table(write_report(run, STAGES)))
     click.echo(f"report: {run.path('report.md')}")

@@ -65,17 +65,11 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
     try:
         cfg = load_config(config_path, overrides)
     except CompressError as e:  # every torchrun worker parses the same config: let rank 0 alone say so
-        from compress.dist import MirroredError
+        from compress.errors import MirroredError
 
         raise e if int(os.environ.get("RANK", 0)) == 0 else MirroredError(str(e), e.exit_code)
     if nproc_per_node > 1 and not launched_by_torchrun():
-        from compress.launch import relaunch
-
-        argv = ["run", "--stages", ",".join(stage_names), "--run-dir", run_dir]
-        argv += (["--config", config_path] if config_path else []) + (["--force"] if force else [])
-        argv += [a for o in overrides for a in ("--set", o)] + (["--debug"] if _debug["on"] else [])
-        click.echo(f"compress: starting {nproc_per_node} processes (torchrun)", err=True)
-        sys.exit(relaunch(nproc_per_node, max_restarts, argv))
+        sys.exit(_relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc_per_node, max_restarts))
     from compress.pipeline import run_pipeline
 
     rank = int(os.environ.get("RANK", 0))
@@ -92,6 +86,27 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
         click.echo(f"report: {os.path.join(run_dir, 'report.md')}")
 
 
+def _relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc, max_restarts):
+    """Check everything here, hold the run-dir lock for the workers, and start them through torchrun."""
+    from compress import preflight
+    from compress.launch import relaunch
+    from compress.pipeline import LOCK_ENV
+    from compress.rundir import RunDir, RunLock
+
+    preflight.check(cfg, stage_names, nproc)  # e.g. a batch that does not split over nproc: before any worker
+    run = RunDir(run_dir)
+    run.check_usable()
+    run.manifest()
+    run.create()
+    argv = ["run", "--stages", ",".join(stage_names), "--run-dir", run_dir]
+    argv += (["--config", config_path] if config_path else []) + (["--force"] if force else [])
+    argv += [a for o in overrides for a in ("--set", o)] + (["--debug"] if _debug["on"] else [])
+    with RunLock(run):
+        os.environ[LOCK_ENV] = run.root
+        click.echo(f"compress: starting {nproc} processes (torchrun)", err=True)
+        return relaunch(nproc, max_restarts, argv)
+
+
 @cli.command("stages")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Also show each stage's status in this run.")
 @debug_option
@@ -103,24 +118,23 @@ def stages_cmd(run_dir):
       compress stages --run-dir artifacts/default
     """
     from compress.config import Config
-    from compress.pipeline import stage_status
     from compress.rundir import RunDir
+    from compress.status import stage_states
     from stages import STAGES
 
     cfg = Config()
     run = RunDir(run_dir) if run_dir else None
     if run and not os.path.isdir(run.root):
         raise click.BadParameter(f"'{run_dir}' does not exist", param_hint="--run-dir")
-    manifest = run.manifest() if run else None
+    states = stage_states(run, STAGES) if run else None
     for name in STAGE_ORDER:
-        spec = STAGES.get(name)
-        if spec is None:
-            click.echo(f"{name:8} (not built yet)")
-            continue
-        reads = ", ".join(rel for _, rel in spec.inputs(cfg)) or "the dataset"
-        line = f"{name:8} {spec.SUMMARY}\n         reads:  {reads}\n         writes: {', '.join(spec.OUTPUTS)}"
+        spec = STAGES[name]
+        reads = ", ".join(STAGES[i.stage].OUTPUTS[i.output] + ("" if i.required else " (optional)")
+                          for i in spec.inputs(cfg)) or "the dataset"
+        writes = ", ".join(spec.OUTPUTS.values())
+        line = f"{name:8} {spec.SUMMARY}\n         reads:  {reads}\n         writes: {writes}"
         if run:
-            state, detail = stage_status(run, spec, manifest)
+            state, detail = states[name]
             line += f"\n         status: {state}" + (f" ({detail})" if detail else "")
         click.echo(line)
 
