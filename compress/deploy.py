@@ -13,6 +13,8 @@ import time
 import numpy as np
 
 from compress.errors import InputError
+from compress.fileio import read_bytes
+from compress.imageio import finite_list, load_pixels, normalise, printable
 
 META_PREFIX = "compress."
 REQUIRED_META = ("class_names", "input_shape", "channel_order", "mean", "std")
@@ -25,10 +27,9 @@ def read_onnx(path):
     import onnx
     from google.protobuf.message import DecodeError
 
-    if not os.path.isfile(path):
-        raise InputError(f"ONNX file '{path}' not found")
+    data = read_bytes(path, "ONNX file", limit=4 << 30, follow_links=True)
     try:
-        model = onnx.load(path)
+        model = onnx.load_from_string(data)
     except (DecodeError, ValueError, RuntimeError, OSError) as e:
         raise InputError(f"'{path}' is not an ONNX model ({e.__class__.__name__}); pass a .onnx file "
                          "written by `compress run --stages export`") from None
@@ -71,7 +72,36 @@ class OnnxModel:
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
             raise InputError(f"onnxruntime cannot load '{path}' ({str(e).splitlines()[0][:200]})") from None
         self.input_name = self.session.get_inputs()[0].name
-        self.input_shape = tuple(self.meta.get("input_shape") or self._graph_input_shape())
+        if require_metadata:
+            self._check_metadata()
+        self.input_shape = tuple(self.meta["input_shape"] if "input_shape" in self.meta and require_metadata
+                                 else self._graph_input_shape())
+
+    def _check_metadata(self):
+        """Refuse metadata that would silently give wrong answers (a std of 0, a mean per wrong channel count)."""
+        m, where = self.meta, f"'{self.path}' metadata"
+        shape = m.get("input_shape")
+        if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(v, int) and 0 < v <= 8192 for v in shape)
+                and shape[0] in (1, 3)):
+            raise InputError(f"{where} compress.input_shape must be [channels (1 or 3), height, width]; got "
+                             f"{str(shape)[:80]}; re-export the model")
+        for key in ("mean", "std"):
+            if not finite_list(m.get(key)) or len(m[key]) != shape[0]:
+                raise InputError(f"{where} compress.{key} must hold {shape[0]} finite number(s), one per channel; got "
+                                 f"{str(m.get(key))[:80]}; re-export the model")
+        if any(v <= 0 for v in m["std"]):
+            raise InputError(f"{where} compress.std must be positive; got {m['std']}; re-export the model")
+        names = m.get("class_names")
+        outputs = self.session.get_outputs()[0].shape
+        classes = outputs[-1] if outputs and isinstance(outputs[-1], int) else None
+        if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)) or (
+                classes is not None and len(names) != classes):
+            raise InputError(f"{where} compress.class_names must list the model's {classes or 'output'} class "
+                             "names; re-export the model")
+        rule = m.get("resize")
+        if rule is not None and not (isinstance(rule, dict) and all(
+                isinstance(rule.get(k), int) and 0 < rule[k] <= 16384 for k in ("shorter_side", "height", "width"))):
+            raise InputError(f"{where} compress.resize is malformed; re-export the model")
 
     def _graph_input_shape(self):
         dims = self.session.get_inputs()[0].shape[1:]
@@ -82,34 +112,24 @@ class OnnxModel:
     def __call__(self, batch):
         return self.session.run(None, {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)})[0]
 
-    def preprocess(self, image_paths):
-        """Image files -> normalised NCHW float32, exactly as in training (resize, channels, mean/std)."""
-        from PIL import Image, UnidentifiedImageError
+    @property
+    def resize(self):
+        """The file's resize rule (older files, without one: the input size, centre-cropped)."""
+        _, height, width = self.input_shape
+        return self.meta.get("resize") or {"shorter_side": min(height, width), "height": height, "width": width}
 
-        channels, height, width = self.input_shape
-        mean = np.asarray(self.meta["mean"], dtype=np.float32).reshape(-1, 1, 1)
-        std = np.asarray(self.meta["std"], dtype=np.float32).reshape(-1, 1, 1)
-        out = []
-        for path in image_paths:
-            try:
-                with Image.open(path) as im:
-                    im = im.convert("L" if channels == 1 else "RGB")
-                    if im.size != (width, height):
-                        im = im.resize((width, height), Image.BILINEAR)
-                    pixels = np.asarray(im, dtype=np.float32) / 255.0
-            except FileNotFoundError:
-                raise InputError(f"image '{path}' not found") from None
-            except (UnidentifiedImageError, OSError) as e:
-                raise InputError(f"cannot read image '{path}' ({e.__class__.__name__}); pass PNG/JPEG files") from None
-            pixels = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
-            out.append((pixels - mean) / std)
+    def preprocess(self, image_paths):
+        """Image files -> normalised NCHW float32, exactly as the validation images were in training."""
+        channels = self.input_shape[0]
+        out = [normalise(load_pixels(path, channels, self.resize), self.meta["mean"], self.meta["std"])
+               for path in image_paths]
         return np.stack(out).astype(np.float32)
 
-    def predict(self, image_paths, top_k=3):
-        """[(path, [(class_name, probability), ...]), ...] for image files."""
-        logits = self(self.preprocess(image_paths))
-        probs = _softmax(logits)
-        names = self.meta["class_names"]
+    def predict(self, image_paths, top_k=3, chunk=64):
+        """[(path, [(class_name, probability), ...]), ...] for image files (read `chunk` at a time)."""
+        probs = np.concatenate([_softmax(self(self.preprocess(image_paths[i:i + chunk])))
+                                for i in range(0, len(image_paths), chunk)])
+        names = [printable(n) for n in self.meta["class_names"]]
         results = []
         for path, p in zip(image_paths, probs):
             order = np.argsort(-p)[:top_k]
@@ -135,12 +155,15 @@ def _softmax(logits):
     return e / e.sum(axis=1, keepdims=True)
 
 
-def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5):
-    """[{batch, threads, ms, images_per_s}] for each batch size x thread count."""
+def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None):
+    """[{batch, threads, ms, images_per_s}] for each batch size x thread count; `stop()` is called between
+    cells (it raises to abandon the measurement)."""
     rows = []
     for t in threads or (1, os.cpu_count() or 1):
         model = OnnxModel(path, threads=t, require_metadata=False)
         for b in batch_sizes:
+            if stop:
+                stop()
             ms = model.latency(b, repeats, warmup)
             rows.append({"batch": b, "threads": t, "ms": round(ms, 4), "images_per_s": round(b * 1000.0 / ms, 1)})
     return rows

@@ -81,12 +81,12 @@ def atomic_write_json(path, obj):
     atomic_write_text(path, dumps(obj, indent=2) + "\n")
 
 
-def open_regular(path, what="file"):
+def open_regular(path, what="file", follow_links=False):
     """A read-only file descriptor for `path` that is a regular file reached without a symbolic link as its
-    last component: a link, a folder, a pipe or a device is refused with an InputError naming it (opening a
-    FIFO with plain `open` would wait forever)."""
+    last component (unless `follow_links`, for files the user names outside a run directory): a link, a
+    folder, a pipe or a device is refused with an InputError naming it (a FIFO would block a plain `open`)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW))
     except FileNotFoundError:
         raise InputError(f"{what} '{path}' not found") from None
     except OSError as e:
@@ -104,9 +104,9 @@ def open_regular(path, what="file"):
     return fd
 
 
-def read_bytes(path, what="file", limit=None):
+def read_bytes(path, what="file", limit=None, follow_links=False):
     """The bytes of a regular file (see `open_regular`), refusing files larger than `limit`."""
-    fd = open_regular(path, what)
+    fd = open_regular(path, what, follow_links)
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if limit is not None and size > limit:

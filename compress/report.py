@@ -3,8 +3,8 @@ size, validation accuracy and onnxruntime latency; written as report.md, report.
 
 The report knows no stage's files: each stage module's `report_rows(entry, path)` gives its rows, reading its
 own declared OUTPUTS. A row from a stage that is not complete-and-current (an upstream stage ran again since)
-is kept but marked stale, with the reason; figures a stale stage measured for another stage's row (the
-teacher's latency, timed by export) are left out.
+is kept but marked stale, with the reason; a figure one stage measured for another's row (the teacher's
+latency, timed by export) is shown only while the file it was measured on is still current.
 """
 
 import logging
@@ -43,12 +43,19 @@ def build_rows(run, stages):
         if state != "complete":
             notes.append(f"{name} is stale ({detail}): its rows are marked; `compress run` brings it up to date")
         for row in produced:
-            if row["id"] in rows and "artifact" not in row:  # another stage's figure for an existing row
-                if state == "complete":
+            if "artifact" not in row:  # a figure for another stage's row, measured from that stage's file
+                if row["id"] in rows and _still_current(row.pop("measured_from"), entry, manifest, states):
                     rows[row["id"]].update({k: v for k, v in row.items() if k != "id"})
                 continue
             rows[row["id"]] = {**dict.fromkeys(COLUMNS), **row, "stage": name, "current": state == "complete"}
     return [r for r in rows.values() if "artifact" in r and r["artifact"]], notes
+
+
+def _still_current(rel, entry, manifest, states):
+    """The file `rel` that `entry`'s stage read is still the current output of a current stage."""
+    owner = rel.split("/")[0]
+    current = (manifest["stages"].get(owner) or {}).get("outputs", {}).get(rel)
+    return entry.get("inputs", {}).get(rel) == current and states.get(owner, ("",))[0] == "complete"
 
 
 def markdown_table(rows):

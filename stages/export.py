@@ -8,11 +8,11 @@ import tempfile
 import numpy as np
 import torch
 
-from compress import __version__, deploy, quant
+from compress import __version__, deploy, interrupt, quant
 from compress.checkpoint import load_weights, read_weights
 from compress.context import Input, StageResult
 from compress.data import eval_loader, load_data
-from compress.errors import CompressError, StageFailed
+from compress.errors import CompressError, Interrupted, StageFailed
 from compress.fileio import atomic_write_json
 from compress.models import build_model, count_parameters
 from compress.to_onnx import export_onnx
@@ -49,8 +49,10 @@ def run(ctx):
     paths = {"fp32": ctx.run.path(OUTPUTS["fp32"]), "int8": ctx.run.path(OUTPUTS["int8"])}
     export_onnx(float_model, example, paths["fp32"], e.opset,
                 {**meta, "precision": "fp32", "source_sha256": ctx.input_sha256(source, "model")})
+    stop_if_asked("after writing model.fp32.onnx")
     export_onnx(int8_model, example, paths["int8"], e.opset,
                 {**meta, "precision": "int8", "source_sha256": ctx.input_sha256("qat", "model"), "qconfig": qconfig})
+    stop_if_asked("after writing model.int8.onnx")
 
     loader = eval_loader(data.val, cfg.train.eval_batch_size, 0, 1)
     report = {"opset": e.opset, "params": count_parameters(float_model),
@@ -62,11 +64,14 @@ def run(ctx):
     ops = deploy.optimized_op_types(paths["int8"])
     report["int8_kernels"] = {op: n for op, n in ops.items() if op in deploy.INT8_KERNELS}
     report["int8_optimized_ops"] = ops
+    stop_if_asked("after checking parity")
     report["latency_ms"] = {k: deploy.latency_table(p, e.latency_batch_sizes, repeats=e.latency_repeats,
-                                                    warmup=e.latency_warmup) for k, p in paths.items()}
+                                                    warmup=e.latency_warmup, stop=stop_if_asked)
+                            for k, p in paths.items()}
     reference = _teacher_reference(ctx, data, example, e) if source == "distill" else None
     if reference:
         report["latency_ms"]["teacher"], report["size_bytes"]["teacher_onnx"] = reference
+        report["teacher_file"] = ctx.sources[("teacher", "model")]
     report["checks"] = checks(report, e)
     atomic_write_json(ctx.run.path(OUTPUTS["report"]), report)
     failed = [name for name, c in report["checks"].items() if not c["ok"]]
@@ -75,6 +80,13 @@ def run(ctx):
         raise StageFailed(f"export: {len(failed)} check(s) failed - {details}; files kept in "
                           f"{ctx.run.rel(ctx.stage_path())}/, figures in export.json")
     return StageResult(summary_metrics(report), list(OUTPUTS.values()), _summary(report))
+
+
+def stop_if_asked(where="while timing"):
+    """A first Ctrl-C/SIGTERM during export stops it at the next file boundary (files are written atomically,
+    so each is whole or absent); the stage is left interrupted and reruns in full next time."""
+    if interrupt.local_request():
+        raise Interrupted(f"interrupted during export ({where}); rerun the same command to finish the export")
 
 
 def _rebuild_int8(ctx, model_name, data):
@@ -104,7 +116,7 @@ def _teacher_reference(ctx, data, example, e):
         path = os.path.join(tmp, "teacher.onnx")
         export_onnx(model, example, path, e.opset, {})
         rows = deploy.latency_table(path, e.latency_batch_sizes, repeats=min(e.latency_repeats, 10),
-                                    warmup=min(e.latency_warmup, 2))
+                                    warmup=min(e.latency_warmup, 2), stop=stop_if_asked)
         return rows, os.path.getsize(path)
 
 
@@ -175,7 +187,8 @@ def report_rows(entry, path):
                      "latency_b1_ms": b1, "latency_b64_ms": b64})
     if "teacher" in export["latency_ms"]:
         b1, b64 = _latency_pair(export["latency_ms"]["teacher"])
-        rows.append({"id": "teacher", "latency_b1_ms": b1, "latency_b64_ms": b64})
+        rows.append({"id": "teacher", "latency_b1_ms": b1, "latency_b64_ms": b64,
+                     "measured_from": export["teacher_file"]})
     return rows
 
 

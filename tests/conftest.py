@@ -93,4 +93,15 @@ def tree(root):
 
 
 def file_bytes(root):
-    return {rel: open(os.path.join(root, rel), "rb").read() for rel in tree(root)}
+    """Every file's bytes (a link as its target, a pipe as a marker: reading one would block)."""
+    out = {}
+    for rel in tree(root):
+        path = os.path.join(root, rel)
+        if os.path.islink(path):
+            out[rel] = f"link -> {os.readlink(path)}"
+        elif not os.path.isfile(path):
+            out[rel] = "not a regular file"
+        else:
+            with open(path, "rb") as f:
+                out[rel] = f.read()
+    return out

@@ -1,7 +1,10 @@
-"""The bad-input table: every malformed input gets one clear line, exit code 2, no traceback, and leaves
-every file already in the run directory byte-identical."""
+"""The bad-input table: every malformed input gets one clear line, the exit code of its kind (2 bad input,
+1 a failed check), no traceback, and leaves every file already in the run directory byte-identical."""
 
 import json
+import os
+import struct
+import zlib
 
 import onnx
 import pytest
@@ -51,7 +54,38 @@ def strip_onnx_metadata(run, tmp):
     onnx.save(proto, tmp / "bare.onnx")
 
 
-# name: (setup(run, tmp) -> None, args(run, tmp) -> list, expected text in the error)
+def edit_onnx_metadata(run, tmp, key, value):
+    proto = onnx.load(run / "export" / "model.int8.onnx")
+    for prop in proto.metadata_props:
+        if prop.key == f"compress.{key}":
+            prop.value = value
+    onnx.save(proto, tmp / "edited.onnx")
+    write_png(tmp / "img.png")
+
+
+def write_png(path, size=8):
+    from PIL import Image
+
+    Image.new("L", (size, size), 128).save(path)
+
+
+def png_claiming_size(path, width, height):
+    """A tiny PNG whose header claims width x height pixels (a decompression bomb's calling card)."""
+    write_png(path)
+    data = bytearray(path.read_bytes())
+    ihdr = 8 + 8  # signature, then the IHDR chunk's length and type
+    data[ihdr:ihdr + 8] = struct.pack(">II", width, height)
+    data[ihdr + 13:ihdr + 17] = struct.pack(">I", zlib.crc32(bytes(data[ihdr - 4:ihdr + 13])))
+    path.write_bytes(bytes(data))
+
+
+def link_inside(run, tmp):
+    (tmp / "victim.txt").write_text("precious")
+    os.symlink(tmp / "victim.txt", run / ".write-test")
+
+
+# name: (setup(run, tmp) -> None, args(run, tmp) -> list, expected text in the error); exit code 2 unless
+# EXIT_CODES says otherwise
 CASES = {
     # config files
     "config: unknown key": (
@@ -167,7 +201,65 @@ CASES = {
     "bench: bad batch list": (
         lambda r, t: None, lambda r, t: ["bench", r / "export" / "model.int8.onnx", "--batch", "1,x"],
         "positive whole numbers"),
+    # found by trying the tool as a hostile but realistic user (issue 9)
+    "cli: a batch that does not split over the processes": (
+        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--nproc-per-node", "3", "--force"],
+        "teacher.batch_size: 32 does not split evenly over 3 processes"),
+    "config: NaN accuracy budget": (
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.max_accuracy_drop=nan"],
+        "qat.max_accuracy_drop: expected a finite number"),
+    "config: infinite std": (
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--set", "data.mean=[0.5]", "--set", "data.std=[.inf]"],
+        "data.std[0]: expected a finite number"),
+    "config: infinite learning rate": (
+        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "teacher.lr=inf"],
+        "teacher.lr: expected a finite number"),
+    "config: absurd image size": (
+        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "data.image_size=100000"],
+        "data.image_size: must be between 8 and 2048"),
+    "config: absurd seed": (
+        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", f"seed={10**23}"],
+        "seed: 100000000000000000000000 is far too large"),
+    "run dir: a symbolic link inside": (
+        link_inside, lambda r, t: ["run", "--run-dir", r], "contains a symbolic link (.write-test)"),
+    "manifest: malformed outputs": (
+        lambda r, t: edit_manifest(r, lambda m: m["stages"]["teacher"]["outputs"].__setitem__("x", 5)),
+        lambda r, t: ["run", "--run-dir", r, "--stages", "teacher"], "stage 'teacher' has malformed outputs"),
+    "manifest: malformed metrics": (
+        lambda r, t: edit_manifest(r, lambda m: m["stages"]["qat"].__setitem__("metrics", [1, 2])),
+        lambda r, t: ["show", r], "stage 'qat' has a malformed \"metrics\""),
+    "manifest: a pipe that never ends": (
+        lambda r, t: ((r / "manifest.json").unlink(), os.mkfifo(r / "manifest.json")),
+        lambda r, t: ["run", "--run-dir", r, "--stages", "teacher"], "is not a regular file"),
+    "bench: absurd repeats": (
+        lambda r, t: None, lambda r, t: ["bench", r / "export" / "model.int8.onnx", "--repeats", "1000000000"],
+        "Invalid value for '--repeats'"),
+    "bench: absurd batch": (
+        lambda r, t: None, lambda r, t: ["bench", r / "export" / "model.int8.onnx", "--batch", "10000000"],
+        "positive whole numbers up to 4096"),
+    "image: decompression bomb": (
+        lambda r, t: png_claiming_size(t / "bomb.png", 60000, 60000),
+        lambda r, t: ["predict", r / "export" / "model.int8.onnx", t / "bomb.png"], "too large to decode safely"),
+    "onnx: mean of the wrong length": (
+        lambda r, t: edit_onnx_metadata(r, t, "mean", "[0.1, 0.2, 0.3]"),
+        lambda r, t: ["predict", t / "edited.onnx", t / "img.png"], "compress.mean must hold 1 finite number"),
+    "onnx: std of zero": (
+        lambda r, t: edit_onnx_metadata(r, t, "std", "[0.0]"),
+        lambda r, t: ["predict", t / "edited.onnx", t / "img.png"], "compress.std must be positive"),
+    "onnx: input shape of the wrong length": (
+        lambda r, t: edit_onnx_metadata(r, t, "input_shape", "[8, 8]"),
+        lambda r, t: ["predict", t / "edited.onnx", t / "img.png"], "compress.input_shape must be"),
+    # a stage that runs and fails its own check: exit 1, outputs kept for inspection
+    "qat: accuracy budget exceeded": (
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.optimizer=sgd", "--set", "qat.lr=50",
+                      "--set", "qat.max_accuracy_drop=1"],
+        "over the budget qat.max_accuracy_drop=1.0"),
 }
+EXIT_CODES = {"qat: accuracy budget exceeded": 1}
+CHANGES_FILES = {"qat: accuracy budget exceeded"}  # a failed check keeps what it wrote, to be inspected
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -178,9 +270,11 @@ def test_bad_input(name, run_copy, tmp_path):
     setup(run_copy, scratch)
     before = file_bytes(run_copy)
     result = invoke(*args(run_copy, scratch))
-    assert result.exit_code == 2, f"{name}: exit {result.exit_code}\n{result.output}"
+    code = EXIT_CODES.get(name, 2)
+    assert result.exit_code == code, f"{name}: exit {result.exit_code}, expected {code}\n{result.output}"
     assert expected in result.stderr, f"{name}: {result.stderr}"
     assert "Traceback" not in result.output
     error_lines = [line for line in result.stderr.splitlines() if line.lower().startswith("error")]
     assert len(error_lines) == 1, f"{name}: expected one error line, got {result.stderr}"
-    assert file_bytes(run_copy) == before, f"{name}: files in the run directory changed"
+    if name not in CHANGES_FILES:
+        assert file_bytes(run_copy) == before, f"{name}: files in the run directory changed"

@@ -69,3 +69,40 @@ def test_torchrun_launch_trains_the_teacher(tiny_config, tmp_path):
     manifest = json.loads((run / "manifest.json").read_text())["stages"]["teacher"]
     assert manifest["status"] == "complete" and manifest["world_size"] == 2
     assert manifest["metrics"]["val_acc"] > 50.0
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_one_machine_train_as_one_group(tiny_config, tmp_path):
+    """Two torchrun launchers ("nodes") on localhost, one process each, meeting through c10d rendezvous: the
+    recipe for real nodes, with 127.0.0.1 standing in for the first node's address and a shared run dir."""
+    run = tmp_path / "two-nodes"
+    port = _free_port()
+
+    def node(rank):
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+             "--node-rank", str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+             "--rdzv-id", "compress-test", "-m", "compress", "run", "-c", tiny_config, "--run-dir", str(run),
+             "--stages", "teacher,distill", "--set", "teacher.epochs=1", "--set", "distill.epochs=1"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    launchers = [node(0), node(1)]
+    outputs = [p.communicate(timeout=600) for p in launchers]
+    for p, (_, err) in zip(launchers, outputs):
+        assert p.returncode == 0, err[-3000:]
+    manifest = json.loads((run / "manifest.json").read_text())["stages"]
+    for stage in ("teacher", "distill"):
+        assert manifest[stage]["status"] == "complete" and manifest[stage]["world_size"] == 2
+        assert manifest[stage]["metrics"]["replicas_identical"] is True
+    # one set of files, written once (by global rank 0)
+    files = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
+    assert files == ["config.yaml", "distill/last/checkpoint.safetensors", "distill/metrics.json",
+                     "distill/model.safetensors", "manifest.json", "report.json", "report.md", "report.png",
+                     "teacher/last/checkpoint.safetensors", "teacher/metrics.json", "teacher/model.safetensors"]

@@ -5,20 +5,21 @@ import click
 from compress.cli.base import cli, debug_option
 
 
-def _int_list(value, name):
+def _int_list(value, name, most):
     try:
         items = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
         items = []
-    if not items or min(items) < 1:
-        raise click.BadParameter(f"expected comma-separated positive whole numbers, got '{value}'", param_hint=name)
+    if not items or min(items) < 1 or max(items) > most or len(items) > 32:
+        raise click.BadParameter(f"expected comma-separated positive whole numbers up to {most}, got '{value[:80]}'",
+                                 param_hint=name)
     return items
 
 
 @cli.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.argument("images", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--top-k", type=click.IntRange(1), default=3, show_default=True, help="Classes to show per image.")
+@click.option("--top-k", type=click.IntRange(1, 1000), default=3, show_default=True, help="Classes to show per image.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @debug_option
 def predict(model, images, top_k, as_json):
@@ -32,6 +33,8 @@ def predict(model, images, top_k, as_json):
     """
     from compress.deploy import OnnxModel
 
+    if len(images) > 100_000:
+        raise click.BadParameter("at most 100,000 images per call", param_hint="IMAGES")
     results = OnnxModel(model).predict(list(images), top_k=top_k)
     if as_json:
         import json
@@ -47,8 +50,9 @@ def predict(model, images, top_k, as_json):
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--batch", default="1,64", show_default=True, help="Comma-separated batch sizes.")
 @click.option("--threads", default=None, help="Comma-separated thread counts [default: 1,<all cores>].")
-@click.option("--repeats", type=click.IntRange(1), default=30, show_default=True, help="Timed runs per cell.")
-@click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="Untimed runs first.")
+@click.option("--repeats", type=click.IntRange(1, 100_000), default=30, show_default=True,
+              help="Timed runs per cell.")
+@click.option("--warmup", type=click.IntRange(0, 10_000), default=5, show_default=True, help="Untimed runs first.")
 @debug_option
 def bench(model, batch, threads, repeats, warmup):
     """Time an ONNX model with onnxruntime: median latency per batch size and thread count.
@@ -60,8 +64,8 @@ def bench(model, batch, threads, repeats, warmup):
     from compress.deploy import OnnxModel, latency_table
 
     OnnxModel(model, require_metadata=False)  # a clear error for a missing or non-ONNX file
-    thread_list = _int_list(threads, "--threads") if threads else None
-    rows = latency_table(model, _int_list(batch, "--batch"), thread_list, repeats, warmup)
+    thread_list = _int_list(threads, "--threads", 1024) if threads else None
+    rows = latency_table(model, _int_list(batch, "--batch", 4096), thread_list, repeats, warmup)
     click.echo(f"{model} (onnxruntime, CPU, median of {repeats})")
     click.echo(f"{'batch':>6} {'threads':>8} {'ms':>10} {'images/s':>12}")
     for r in rows:

@@ -1,0 +1,128 @@
+"""Reading an image file into the pixels a model was trained on: Pillow and numpy only (no torch), shared by
+the training data pipeline and by `compress predict`, so a deployed model sees exactly what validation saw.
+
+The rule, in order (it is also written into every exported ONNX file as metadata):
+  1. decode; 8-bit images are converted to RGB (or to 8-bit grayscale, L = 0.299 R + 0.587 G + 0.114 B);
+     16-bit and float images are scaled to 0..1 first (never clipped);
+  2. resize so the shorter side is `shorter_side` pixels (bilinear, antialiased), keeping the aspect ratio;
+  3. centre-crop `height` x `width`;
+  4. scale 8-bit values 0..255 to 0..1 (divide by 255), then normalise per channel: (x - mean) / std;
+  5. layout CHW (NCHW with the batch axis), float32.
+"""
+
+import math
+import warnings
+
+import numpy as np
+
+from compress.errors import InputError
+
+HIGH_DEPTH_MODES = {"I;16": 65535.0, "I;16B": 65535.0, "I;16L": 65535.0, "I;16N": 65535.0, "I": 65535.0}
+
+
+def resize_rule(size, eval_crop=1.0):
+    """The deterministic eval-time rule for square `size` images: shorter side to size / eval_crop, centre crop."""
+    return {"shorter_side": max(size, int(round(size / eval_crop))), "height": size, "width": size,
+            "interpolation": "bilinear", "antialias": True, "crop": "center"}
+
+
+def open_image(path, max_pixels=None):
+    """A decoded PIL image, or an InputError naming the file (missing, unreadable, or too large to be a
+    real image: a decompression bomb)."""
+    from PIL import Image, UnidentifiedImageError
+
+    limit = max_pixels or Image.MAX_IMAGE_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(path)
+            if im.width * im.height > limit:
+                raise Image.DecompressionBombError(f"{im.width * im.height} pixels")
+            im.load()
+            return im
+    except FileNotFoundError:
+        raise InputError(f"image '{path}' not found") from None
+    except IsADirectoryError:
+        raise InputError(f"image '{path}' is a directory, not an image file") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise InputError(f"image '{path}' is too large to decode safely (over {limit:,} pixels; a decompression "
+                         "bomb?); resize it first") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        raise InputError(f"cannot read image '{path}' ({e.__class__.__name__}); fix or remove it "
+                         "(PNG, JPEG, BMP, TIFF, WebP are read)") from None
+
+
+def to_channels(im, channels, path="image"):
+    """(PIL image, scale): an 8-bit image in mode RGB or L and scale 255, or for 16-bit/float inputs a float
+    image (mode F, values 0..1; one per channel as a list) and scale 1."""
+    from PIL import Image
+
+    if im.mode in HIGH_DEPTH_MODES or im.mode == "F":
+        a = np.asarray(im, dtype=np.float64)
+        if im.mode == "F":
+            top = float(np.nanmax(a)) if a.size else 0.0
+            if not np.isfinite(a).all() or a.min() < 0 or top > 255:
+                raise InputError(f"'{path}' is a float image with values outside 0..1 (or 0..255); convert it to "
+                                 "8-bit PNG/JPEG first")
+            a = a / (255.0 if top > 1.0 else 1.0)
+        else:
+            if a.min() < 0 or a.max() > 65535:
+                raise InputError(f"'{path}' holds values outside 0..65535; convert it to an 8- or 16-bit image")
+            a = a / HIGH_DEPTH_MODES[im.mode]
+        plane = Image.fromarray(a.astype(np.float32), mode="F")
+        return ([plane] * channels if channels == 3 else [plane]), 1.0
+    if channels == 1:
+        return im.convert("L"), 255.0
+    return im.convert("RGB"), 255.0
+
+
+def resize_and_crop(im, rule):
+    """Resize (shorter side, bilinear with antialias: Pillow's resampling) and centre-crop one PIL image."""
+    from PIL import Image
+
+    w, h = im.size
+    short = rule["shorter_side"]
+    if (w, h) != (rule["width"], rule["height"]):
+        scale = short / min(w, h)
+        size = (max(rule["width"], int(round(w * scale))), max(rule["height"], int(round(h * scale))))
+        if size != (w, h):
+            im = im.resize(size, Image.BILINEAR)
+        w, h = im.size
+        left, top = (w - rule["width"]) // 2, (h - rule["height"]) // 2
+        if (w, h) != (rule["width"], rule["height"]):
+            im = im.crop((left, top, left + rule["width"], top + rule["height"]))
+    return im
+
+
+def load_pixels(path, channels, rule, max_pixels=None):
+    """uint8 HxWxC (8-bit sources) or float32 HxWxC in 0..1 (16-bit/float sources) after resize and crop."""
+    im = open_image(path, max_pixels)
+    converted, scale = to_channels(im, channels, path)
+    if isinstance(converted, list):
+        planes = [np.asarray(resize_and_crop(p, rule), dtype=np.float32) for p in converted]
+        return np.stack(planes, axis=-1)
+    a = np.asarray(resize_and_crop(converted, rule), dtype=np.uint8)
+    return a[..., None] if a.ndim == 2 else a
+
+
+def normalise(pixels, mean, std):
+    """HxWxC uint8 (0..255) or float (0..1) -> CHW float32, (x/255 - mean) / std."""
+    x = pixels.astype(np.float32)
+    if pixels.dtype == np.uint8:
+        x = x / np.float32(255.0)
+    x = x.transpose(2, 0, 1)
+    mean = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)
+    std = np.asarray(std, dtype=np.float32).reshape(-1, 1, 1)
+    return (x - mean) / std
+
+
+def printable(text, limit=100):
+    """A class name safe to print: control and other non-printable characters escaped, length capped."""
+    text = str(text)
+    safe = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return safe if len(safe) <= limit else safe[:limit - 1] + "…"
+
+
+def finite_list(values):
+    return isinstance(values, list) and values and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)

@@ -1,0 +1,169 @@
+"""A run directory nothing can corrupt: each case found by trying the tool as a hostile but realistic user
+(issue 9), replayed with the same inputs. The one-line errors themselves are in the bad-input table."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from PIL import Image
+
+from compress.config import load_config
+from compress.data import load_data
+from compress.fileio import dumps
+from compress.rundir import RunDir, RunLock
+from conftest import file_bytes, invoke
+
+
+def test_an_override_for_a_stage_that_does_not_run_is_not_saved(run_copy):
+    before = yaml.safe_load((run_copy / "config.yaml").read_text())
+    result = invoke("run", "--run-dir", run_copy, "--stages", "export", "--set", "teacher.epochs=1")
+    assert result.exit_code == 0, result.output
+    saved = yaml.safe_load((run_copy / "config.yaml").read_text())
+    assert saved["teacher"]["epochs"] == before["teacher"]["epochs"] == 2
+    again = invoke("run", "--run-dir", run_copy, "--stages", "teacher")
+    assert again.exit_code == 0 and "teacher: up to date, skipped" in again.stderr
+
+
+def test_a_stage_that_runs_saves_its_own_keys_only(run_copy):
+    result = invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.lr=0.0002",
+                    "--set", "distill.epochs=9")
+    assert result.exit_code == 0, result.output
+    saved = yaml.safe_load((run_copy / "config.yaml").read_text())
+    assert saved["qat"]["lr"] == 0.0002 and saved["distill"]["epochs"] == 2
+
+
+def test_a_folder_that_is_not_a_run_is_refused_and_left_alone(tmp_path):
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "report.md").write_text("my notes")
+    before = file_bytes(foreign)
+    result = invoke("run", "--run-dir", foreign, "--set", "data.name=digits")
+    assert result.exit_code == 2
+    assert "is not empty and is not a compress run" in result.stderr
+    assert file_bytes(foreign) == before
+
+
+def test_a_held_lock_names_its_holder_and_nothing_is_written(run_copy):
+    before = file_bytes(run_copy)
+    with RunLock(RunDir(run_copy)):
+        result = invoke("run", "--run-dir", run_copy, "--stages", "export", "--force")
+        report = invoke("report", run_copy)
+    assert result.exit_code == 2 and report.exit_code == 2
+    assert f"another compress run (pid {os.getpid()} on host {socket.gethostname()}) is using" in result.stderr
+    after = file_bytes(run_copy)
+    assert after == before
+
+
+def test_two_runs_at_once_one_waits_out(run_copy):
+    """Two real `compress run` processes on one folder: exactly one gets the folder."""
+    exe = os.path.join(os.path.dirname(os.sys.executable), "compress")
+    args = [exe, "run", "--run-dir", str(run_copy), "--stages", "export", "--force"]
+    first = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    outs = [p.communicate(timeout=300)[1] for p in (first, second)]
+    codes = sorted(p.returncode for p in (first, second))
+    if codes == [0, 0]:  # the second started after the first had finished: nothing overlapped
+        pytest.skip("the two runs did not overlap on this machine")
+    assert codes == [0, 2], outs
+    assert any("another compress run (pid" in out for out in outs)
+    assert json.loads((run_copy / "manifest.json").read_text())["stages"]["export"]["status"] == "complete"
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(run_copy):
+    (run_copy / ".lock").write_text(json.dumps({"pid": 2**22 + 12345, "host": socket.gethostname()}))
+    result = invoke("run", "--run-dir", run_copy)
+    assert result.exit_code == 0, result.output
+    assert not (run_copy / ".lock").exists()
+
+
+def test_json_files_are_strict():
+    assert dumps({"a": float("nan"), "b": [float("inf"), 1.5]}) == '{"a": null, "b": [null, 1.5]}'
+
+
+def test_ctrl_c_during_export_stops_it_with_exit_130(run_copy):
+    exe = os.path.join(os.path.dirname(os.sys.executable), "compress")
+    proc = subprocess.Popen([exe, "run", "--run-dir", str(run_copy), "--stages", "export", "--force",
+                             "--set", "export.latency_repeats=200"],
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "export: running" in line:
+            proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=300)
+    output = "".join(lines)
+    assert proc.returncode == 130, output
+    assert "interrupted" in output and "rerun the same command" in output and "Traceback" not in output
+    status = json.loads((run_copy / "manifest.json").read_text())["stages"]["export"]["status"]
+    assert status in ("interrupted", "complete")
+    for name in ("model.fp32.onnx", "model.int8.onnx"):  # atomic: a file is whole or absent
+        path = run_copy / "export" / name
+        if path.exists():
+            onnx.checker.check_model(onnx.load(path))
+
+
+def _val_digit(tmp_path):
+    data = load_data(load_config(None, ["data.name=digits"]).data, seed=0)
+    images, _ = data.val.raw([3])
+    return images[0, 0].numpy()
+
+
+def test_16_bit_and_float_images_are_scaled_not_clipped(finished_run, tmp_path):
+    pixels = _val_digit(tmp_path)
+    Image.fromarray(pixels).save(tmp_path / "eight.png")
+    Image.fromarray(pixels.astype(np.uint16) * 257).save(tmp_path / "sixteen.png")
+    Image.fromarray(pixels.astype(np.float32) / 255.0, mode="F").save(tmp_path / "float.tiff")
+    assert Image.open(tmp_path / "sixteen.png").mode.startswith("I")
+    model = finished_run / "export" / "model.fp32.onnx"
+    result = invoke("predict", model, tmp_path / "eight.png", tmp_path / "sixteen.png", tmp_path / "float.tiff",
+                    "--json", "--top-k", "3")
+    assert result.exit_code == 0, result.output
+    tops = [[(t["class"], round(t["probability"], 4)) for t in entry["top"]] for entry in json.loads(result.stdout)]
+    assert tops[0] == tops[1] == tops[2]
+
+
+def test_class_names_are_sanitised_before_printing(finished_run, tmp_path):
+    proto = onnx.load(finished_run / "export" / "model.fp32.onnx")
+    for prop in proto.metadata_props:
+        if prop.key == "compress.class_names":
+            prop.value = json.dumps(["\x1b[31mred\x1b[0m"] * 10)
+    onnx.save(proto, tmp_path / "m.onnx")
+    Image.fromarray(_val_digit(tmp_path)).save(tmp_path / "d.png")
+    result = invoke("predict", tmp_path / "m.onnx", tmp_path / "d.png")
+    assert result.exit_code == 0
+    assert "\x1b" not in result.output and "\\x1b[31mred" in result.output
+
+
+def test_the_report_marks_rows_that_are_no_longer_current(run_copy):
+    result = invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.lr=0.0002")
+    assert result.exit_code == 0, result.output
+    report = (run_copy / "report.md").read_text()
+    assert "| int8 ONNX (onnxruntime) *(stale)* |" in report and "| fp32 ONNX (onnxruntime) *(stale)* |" in report
+    assert "export is stale (qat/qat.safetensors changed since this stage ran)" in report
+    teacher_row = next(line for line in report.splitlines() if line.startswith("| teacher"))
+    assert teacher_row.endswith("| - | - |") is False  # the teacher is current; export's timing of it still holds
+    rows = json.loads((run_copy / "report.json").read_text())["rows"]
+    assert {r["id"]: r["current"] for r in rows}["qat"] is True
+
+    result = invoke("run", "--run-dir", run_copy, "--stages", "teacher", "--set", "teacher.epochs=1")
+    assert result.exit_code == 0, result.output
+    report = (run_copy / "report.md").read_text()
+    teacher_row = next(line for line in report.splitlines() if line.startswith("| teacher"))
+    assert "stale" not in teacher_row and teacher_row.endswith("| - | - |"), teacher_row  # old latency dropped
+    assert "| student (PyTorch fp32) *(stale)* |" in report
+
+
+def test_a_damaged_export_report_does_not_block_other_stages(run_copy):
+    path = run_copy / "export" / "export.json"
+    report = json.loads(path.read_text())
+    del report["latency_ms"]
+    path.write_text(json.dumps(report))
+    result = invoke("run", "--run-dir", run_copy, "--stages", "teacher")
+    assert result.exit_code == 0, result.output
+    assert "export: no rows - its files are damaged (KeyError" in (run_copy / "report.md").read_text()
