@@ -1,129 +1,219 @@
-"""Distillation methods side by side, and what the teacher cache buys.
+"""Does distillation pay, and what does the view cache buy? Everything through `compress run`.
 
-Part 1 (methods): for each seed, train the teacher once, then the student with CE alone, CE+KD, CE+cosine,
-CE+hint and all three, same data, seed and epochs. Prints accuracy mean +- std over the seeds and images/s.
-Part 2 (speed): distill with the cached teacher vs the textbook loop (teacher forward on every batch), same
-models, batch and threads, augmentation off and on.
+Part 1 (results): the teacher is trained once; then for each seed the distill stage trains the student with
+the config's distillation mix *and* the same student alone (distill.baseline: CE only, same initialisation,
+schedule and seed); each extra --method (a named set of overrides) is trained over the same seeds. QAT and
+export run on the first seed's distilled student. Prints mean +- std over the seeds, the int8 ONNX accuracy
+next to the float student's, and the wall time of every part.
 
-    python benchmarks/bench_distill.py                      # mnist5k, seeds 0,1,2, the default config
-    python benchmarks/bench_distill.py --config configs/cifar10-tutorial.yaml --set data.root=~/data/cifar10
+Part 2 (speed, --speed): augmented distillation with the teacher-output view cache (distill.views) against the
+textbook KD loop - a plain PyTorch loop over the same augmented batches that runs the teacher on every batch -
+side by side in one process, same models, batch, epochs and threads; images/s with the cache's build time
+included. --speed-seeds also trains the stage with the teacher on every batch (distill.views=0) over the seeds,
+to compare accuracy with the view cache's.
+
+    python benchmarks/bench_distill.py --config configs/cifar10.yaml --set data.root=../shared/data/cifar10-dev
+    python benchmarks/bench_distill.py --method "KD+hint=distill.hint.weight=0.25;distill.hint.student_layer=block2"
+    python benchmarks/bench_distill.py --config configs/cifar10.yaml --set data.root=... --skip-results --speed
 """
 
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+import torch.nn.functional as F
 
-from compress.cli import setup_logging  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
 from compress.config import load_config  # noqa: E402
-from compress.pipeline import run_pipeline  # noqa: E402
-from compress.rundir import RunDir  # noqa: E402
-
-METHODS = {
-    "student alone (CE)": ["distill.kd.weight=0", "distill.cosine.weight=0", "distill.hint.weight=0",
-                           "distill.ce_weight=1.0"],
-    "CE + KD": ["distill.kd.weight=0.25", "distill.cosine.weight=0", "distill.hint.weight=0"],
-    "CE + cosine": ["distill.kd.weight=0", "distill.cosine.weight=0.25", "distill.hint.weight=0"],
-    "CE + hint": ["distill.kd.weight=0", "distill.cosine.weight=0", "distill.hint.weight=0.25"],
-    "CE + KD + cosine + hint": ["distill.kd.weight=0.25", "distill.cosine.weight=0.25", "distill.hint.weight=0.25"],
-}
+from compress.data import load_data, train_loader  # noqa: E402
+from compress.losses import kd_loss  # noqa: E402
+from compress.models import build_model  # noqa: E402
 
 
-def stage_metrics(run_dir, stage):
-    return RunDir(run_dir).manifest()["stages"][stage]["metrics"]
-
-
-def run(config, overrides, run_dir, stages, force=False):
-    cfg = load_config(config, overrides)
+def compress_run(args, run_dir, stages, overrides=()):
+    cmd = [os.path.join(os.path.dirname(sys.executable), "compress"), "run", "--run-dir", run_dir, "--stages", stages,
+           "--set", "train.progress=false"]
+    cmd += (["-c", args.config] if args.config else []) + [a for o in [*args.set, *overrides] for a in ("--set", o)]
     start = time.perf_counter()
-    run_pipeline(cfg, run_dir, stages, force=force)
-    return time.perf_counter() - start
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)}\nfailed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    manifest = json.load(open(os.path.join(run_dir, "manifest.json")))["stages"]
+    return manifest, round(time.perf_counter() - start, 1)
 
 
-def methods_table(args, workdir):
-    rows = {name: [] for name in METHODS}
-    speed = {name: [] for name in METHODS}
-    teachers = []
-    for seed in args.seeds:
-        run_dir = os.path.join(workdir, f"seed{seed}")
-        base = [f"seed={seed}", *args.set]
-        run(args.config, base, run_dir, ["teacher"])
-        teachers.append(stage_metrics(run_dir, "teacher")["val_acc"])
-        for name, extra in METHODS.items():
-            run(args.config, base + extra, run_dir, ["distill"], force=True)
-            m = stage_metrics(run_dir, "distill")
-            rows[name].append(m["val_acc"])
-            speed[name].append(m["images_per_s"])
-    return teachers, rows, speed
-
-
-def speed_table(args, workdir):
-    """Cached teacher vs textbook loop, augmentation off and on; the stage's own images/s (last epoch) and
-    the whole stage's wall time (cache build included)."""
-    run_dir = os.path.join(workdir, "speed")
-    base = [f"seed={args.seeds[0]}", *args.set, "distill.kd.weight=0.25", "distill.hint.weight=0.25"]
-    run(args.config, base, run_dir, ["teacher"])
-    out = []
-    for augment in ("false", "true"):
-        cells = {}
-        for cache in ("true", "false"):
-            seconds = run(args.config, base + [f"data.augment={augment}", f"distill.cache_teacher={cache}"],
-                          run_dir, ["distill"], force=True)
-            m = stage_metrics(run_dir, "distill")
-            cells[cache] = {"images_per_s": m["images_per_s"], "stage_seconds": round(seconds, 1),
-                            "cache_used": m["teacher_cache"]["used"], "cache_seconds": m["teacher_cache"]["seconds"],
-                            "val_acc": m["val_acc"]}
-        out.append((augment, cells))
-    return out
+def copy_teacher(src, dst):
+    """A run directory holding only the trained teacher (its folder and manifest entry)."""
+    os.makedirs(dst)
+    shutil.copytree(os.path.join(src, "teacher"), os.path.join(dst, "teacher"))
+    manifest = json.load(open(os.path.join(src, "manifest.json")))
+    manifest["stages"] = {"teacher": manifest["stages"]["teacher"]}
+    with open(os.path.join(dst, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
 
 
 def mean_std(values):
-    return (statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def results(args, work):
+    out = {"seeds": args.seeds, "walls": {}}
+    teacher_dir = os.path.join(work, "teacher")
+    manifest, out["walls"]["teacher"] = compress_run(args, teacher_dir, "teacher")
+    out["teacher"] = manifest["teacher"]["metrics"]["val_acc"]
+    print(f"teacher: {out['teacher']:.2f}% ({out['walls']['teacher']} s)", flush=True)
+    methods = {"distilled (config)": []} | {name: list(o) for name, o in args.method}
+    out["methods"] = {name: [] for name in methods}
+    out["alone"] = []
+    for seed in args.seeds:
+        for name, overrides in methods.items():
+            run_dir = os.path.join(work, f"{abs(hash(name))}-s{seed}")
+            copy_teacher(teacher_dir, run_dir)
+            extra = [f"seed={seed}", f"distill.baseline={'true' if name == 'distilled (config)' else 'false'}"]
+            manifest, wall = compress_run(args, run_dir, "distill", [*extra, *overrides])
+            m = manifest["distill"]["metrics"]
+            out["methods"][name].append(m["val_acc"])
+            if "baseline_val_acc" in m:
+                out["alone"].append(m["baseline_val_acc"])
+            out["walls"][f"distill {name} seed {seed}"] = wall
+            print(f"seed {seed} {name}: {m['val_acc']:.2f}%" + (f", alone {m['baseline_val_acc']:.2f}%" if
+                  "baseline_val_acc" in m else "") + f" ({wall} s)", flush=True)
+            if seed == args.seeds[0] and name == "distilled (config)":
+                manifest, out["walls"]["qat+export"] = compress_run(args, run_dir, "qat,export", extra)
+                e = manifest["export"]["metrics"]
+                out["int8"] = {"float_student": m["val_acc"], "qat_int8_torch": manifest["qat"]["metrics"]["int8_acc"],
+                               "fp32_onnx": e["fp32_onnx_acc"], "int8_onnx": e["int8_onnx_acc"],
+                               "int8_speedup": e["int8_speedup"], "float_layers": e["float_layers"]}
+                print(f"int8: {out['int8']}", flush=True)
+    return out
+
+
+# ---------------------------------------------------------------- part 2
+
+
+def textbook_kd(cfg, data, teacher, student, epochs):
+    """The textbook loop: the frozen teacher runs on every (augmented) batch."""
+    d = cfg.distill
+    optimizer = torch.optim.SGD(student.parameters(), lr=d.lr, momentum=d.momentum, nesterov=d.nesterov,
+                                weight_decay=d.weight_decay)
+    loader = train_loader(data.train, d.batch_size, 0, 1, cfg.seed)
+    teacher.eval()
+    images, start = 0, time.perf_counter()
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)
+        student.train()
+        for batch in loader:
+            with torch.no_grad():
+                t = teacher(batch.x)
+            s = student(batch.x)
+            loss = d.ce_weight * F.cross_entropy(s, batch.y) + d.kd.weight * kd_loss(s, t, d.kd.temperature)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            images += len(batch.y)
+    return images / (time.perf_counter() - start)
+
+
+def speed(args, work):
+    """Interleaved: the distill stage with the view cache (its wall time, cache build included) and the textbook
+    loop, for the same number of epochs."""
+    cfg = load_config(args.config, [*args.set, f"distill.epochs={args.speed_epochs}"])
+    teacher_dir = os.path.join(work, "teacher")
+    if not os.path.isdir(teacher_dir):
+        compress_run(args, teacher_dir, "teacher")
+    data = load_data(cfg.data, cfg.seed)
+    teacher = build_model(cfg.model.teacher, data.input_shape, data.num_classes)
+    from safetensors.torch import load_file
+
+    teacher.load_state_dict(load_file(os.path.join(teacher_dir, "teacher", "model.safetensors")))
+    rows = {"view cache (compress)": [], "textbook loop": []}
+    n = len(data.train) * args.speed_epochs
+    for r in range(args.speed_rounds):
+        for which in (("view cache (compress)", "textbook loop") if r % 2 == 0 else ("textbook loop",
+                                                                                       "view cache (compress)")):
+            if which == "textbook loop":
+                torch.manual_seed(cfg.seed)
+                student = build_model(cfg.model.student, data.input_shape, data.num_classes)
+                rows[which].append(textbook_kd(cfg, data, teacher, student, args.speed_epochs))
+            else:
+                run_dir = os.path.join(work, f"speed{r}")
+                copy_teacher(teacher_dir, run_dir)
+                manifest, _ = compress_run(args, run_dir, "distill", [f"distill.epochs={args.speed_epochs}",
+                                                                      "distill.baseline=false"])
+                rows[which].append(n / manifest["distill"]["seconds"])
+            print(f"  round {r + 1} {which}: {rows[which][-1]:.0f} images/s", flush=True)
+    out = {"epochs": args.speed_epochs, "images_per_s": {k: statistics.median(v) for k, v in rows.items()},
+           "rounds": rows}
+    out["speedup"] = out["images_per_s"]["view cache (compress)"] / out["images_per_s"]["textbook loop"]
+    if args.speed_seeds:
+        out["per_batch_teacher_acc"] = []
+        for seed in args.seeds:
+            run_dir = os.path.join(work, f"perbatch-s{seed}")
+            copy_teacher(teacher_dir, run_dir)
+            manifest, wall = compress_run(args, run_dir, "distill", [f"seed={seed}", "distill.views=0",
+                                                                     "distill.baseline=false"])
+            out["per_batch_teacher_acc"].append(manifest["distill"]["metrics"]["val_acc"])
+            print(f"  seed {seed} teacher on every batch: {out['per_batch_teacher_acc'][-1]:.2f}% ({wall} s)")
+    return out
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=None, help="YAML config (default: the built-in default)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--skip-methods", action="store_true")
-    parser.add_argument("--skip-speed", action="store_true")
-    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--method", action="append", default=[], metavar="NAME=K=V;K=V",
+                        type=lambda s: (s.split("=", 1)[0], s.split("=", 1)[1].split(";")))
+    parser.add_argument("--skip-results", action="store_true")
+    parser.add_argument("--speed", action="store_true")
+    parser.add_argument("--speed-epochs", type=int, default=10)
+    parser.add_argument("--speed-rounds", type=int, default=2)
+    parser.add_argument("--speed-seeds", action="store_true")
+    parser.add_argument("--work", default=None, help="keep the runs here (default: a temporary folder)")
+    parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    setup_logging()
-    results = {"command": " ".join(sys.argv), "threads": os.cpu_count()}
-    with tempfile.TemporaryDirectory() as workdir:
-        if not args.skip_methods:
-            teachers, rows, speed = methods_table(args, workdir)
-            results["teacher_acc"] = teachers
-            results["methods"] = {k: {"acc": v, "images_per_s": speed[k]} for k, v in rows.items()}
-            m, s = mean_std(teachers)
-            print(f"\n| model | val acc (mean ± std, {len(args.seeds)} seeds) | images/s |")
-            print("|---|---:|---:|")
-            print(f"| teacher | {m:.2f} ± {s:.2f} | - |")
-            for name, accs in rows.items():
-                m, s = mean_std(accs)
-                print(f"| {name} | {m:.2f} ± {s:.2f} | {statistics.mean(speed[name]):.0f} |")
-        if not args.skip_speed:
-            results["speed"] = speed_table(args, workdir)
-            print("\n| augmentation | teacher | images/s (last epoch) | distill stage wall time | val acc |")
-            print("|---|---|---:|---:|---:|")
-            for augment, cells in results["speed"]:
-                for cache, c in cells.items():
-                    label = "cached" if c["cache_used"] else "every batch (textbook)"
-                    extra = f" (cache built in {c['cache_seconds']:.1f}s)" if c["cache_used"] else ""
-                    print(f"| {'on' if augment == 'true' else 'off'} | {label} | {c['images_per_s']:.0f} | "
-                          f"{c['stage_seconds']:.1f}s{extra} | {c['val_acc']:.2f} |")
-                ratio = cells["true"]["images_per_s"] / cells["false"]["images_per_s"]
-                print(f"| {'on' if augment == 'true' else 'off'} | speed-up (images/s) | {ratio:.2f}x | | |")
+    work = args.work or tempfile.mkdtemp(prefix="bench-distill-")
+    begin = time.perf_counter()
+    out = {"command": " ".join(sys.argv)}
+    if not args.skip_results:
+        out["results"] = res = results(args, work)
+        seeds = ", ".join(map(str, args.seeds))
+        print(f"\n| model | val acc, mean ± std over seeds {seeds} | per seed |\n|---|---:|---|")
+        print(f"| teacher (trained once) | {res['teacher']:.2f} | - |")
+        m, s = mean_std(res["alone"])
+        alone = ", ".join(f"{v:.2f}" for v in res["alone"])
+        print(f"| student alone (CE; distill.baseline) | {m:.2f} ± {s:.2f} | {alone} |")
+        for name, accs in res["methods"].items():
+            m, s = mean_std(accs)
+            print(f"| {name} | {m:.2f} ± {s:.2f} | {', '.join(f'{v:.2f}' for v in accs)} |")
+        if "int8" in res:
+            i = res["int8"]
+            print(f"\nseed {args.seeds[0]}: float student {i['float_student']:.2f}%, QAT int8 (torch) "
+                  f"{i['qat_int8_torch']:.2f}%, fp32 ONNX {i['fp32_onnx']:.2f}%, int8 ONNX {i['int8_onnx']:.2f}% "
+                  f"({i['int8_speedup']:.2f}x fp32 speed; float layers: {', '.join(i['float_layers']) or 'none'})")
+    if args.speed:
+        out["speed"] = sp = speed(args, work)
+        print(f"\nview cache vs textbook KD loop, {sp['epochs']} epochs: "
+              + ", ".join(f"{k} {v:.0f} images/s" for k, v in sp["images_per_s"].items())
+              + f" -> {sp['speedup']:.2f}x")
+        if "per_batch_teacher_acc" in sp:
+            m, s = mean_std(sp["per_batch_teacher_acc"])
+            print(f"teacher on every batch (distill.views=0): {m:.2f} ± {s:.2f} "
+                  f"({', '.join(f'{v:.2f}' for v in sp['per_batch_teacher_acc'])})")
+    out["wall_s"] = round(time.perf_counter() - begin, 1)
+    print(f"\nwhole benchmark: {out['wall_s'] / 60:.1f} min")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+            json.dump(out, f, indent=2)
 
 
 if __name__ == "__main__":

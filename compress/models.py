@@ -72,6 +72,48 @@ class CompactCNN(nn.Module):
         return self.classifier(torch.flatten(self.pool(x), 1))
 
 
+class BasicBlock(nn.Module):
+    """ResNet basic block: two 3x3 conv-BN, ReLU, a 1x1 conv-BN shortcut when the shape changes."""
+
+    def __init__(self, in_channels, out_channels, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.relu2 = nn.ReLU()
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                                          nn.BatchNorm2d(out_channels))
+
+    def forward(self, x):
+        out = self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x)))))
+        return self.relu2(out + self.shortcut(x))
+
+
+class CifarResNet(nn.Module):
+    """The CIFAR ResNets of He et al. 2016 (section 4.2): a 3x3 stem, three stages of n basic blocks at widths
+    16, 32, 64 (stride 2 between stages), global average pooling, one linear layer; 6n+2 layers. Small enough
+    to train on a CPU, strong enough on 32x32 images to teach the small students."""
+
+    def __init__(self, in_channels=3, num_classes=10, n=2, width=16):
+        super().__init__()
+        self.stem = conv_bn_relu(in_channels, width)
+        blocks, channels = [], width
+        for stage, out in enumerate((width, 2 * width, 4 * width)):
+            for b in range(n):
+                blocks.append(BasicBlock(channels, out, 2 if stage > 0 and b == 0 else 1))
+                channels = out
+        self.layers = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(channels, num_classes)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.pool(self.layers(self.stem(x))), 1))
+
+
 def _small_input(image_size):
     # ImageNet stems shrink 224px by 4 before the first block; on 32px or smaller images that throws away
     # most of the signal, so small inputs get the CIFAR-style stem (3x3, stride 1, no max-pool).
@@ -111,6 +153,9 @@ MODELS = {
     "deep_cnn": lambda c, s, n: DeepCNN(c, s, n),
     "light_cnn": lambda c, s, n: LightCNN(c, s, n),
     "compact_cnn": lambda c, s, n: CompactCNN(c, s, n),
+    "resnet8": lambda c, s, n: CifarResNet(c, n, n=1),
+    "resnet14": lambda c, s, n: CifarResNet(c, n, n=2),
+    "resnet20": lambda c, s, n: CifarResNet(c, n, n=3),
     "resnet18": lambda c, s, n: _resnet18(c, s, n),
     "mobilenet_v2": lambda c, s, n: _mobilenet_v2(c, s, n),
     "quantizable_resnet18": lambda c, s, n: _resnet18(c, s, n, quantizable=True),
@@ -121,6 +166,9 @@ DESCRIPTIONS = {
     "deep_cnn": "KD-tutorial teacher: 4 convs (128, 64, 64, 32), 2 pools, MLP 512",
     "light_cnn": "KD-tutorial student: 2 convs (16, 16), 2 pools, MLP 256",
     "compact_cnn": "int8-friendly student: conv-BN-ReLU x3 (32, 64, 64), global pool, linear",
+    "resnet8": "CIFAR ResNet-8 (He et al. 2016): 3 stages of 1 basic block, 16/32/64 wide, 78k parameters",
+    "resnet14": "CIFAR ResNet-14: 3 stages of 2 basic blocks, 16/32/64 wide, 175k parameters",
+    "resnet20": "CIFAR ResNet-20: 3 stages of 3 basic blocks, 16/32/64 wide, 272k parameters",
     "resnet18": "torchvision resnet18 (CIFAR-style stem below 64 px)",
     "mobilenet_v2": "torchvision mobilenet_v2 (stride-1 stem below 64 px)",
     "quantizable_resnet18": "torchvision.models.quantization resnet18 (quant stubs, FloatFunctional adds)",
@@ -128,22 +176,15 @@ DESCRIPTIONS = {
 }
 
 
-def source_problem(name):
-    """Why `name` (model.teacher / model.student) cannot be built, or None."""
-    if name in MODELS:
-        return None
-    import difflib
-
-    close = difflib.get_close_matches(name, list(MODELS), n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"unknown model '{name}'{hint}; choose one of {', '.join(MODELS)}"
-
-
 def build_model(name, input_shape, num_classes):
-    """Build a registry model for (channels, height, width) inputs with a deterministic initialisation
-    (callers seed torch first)."""
+    """Build a model (registry name, torchvision:<builder> or module:function; see compress.model_sources) for
+    (channels, height, width) inputs with a deterministic initialisation (callers seed torch first)."""
     channels, height, width = input_shape
-    return MODELS[name](channels, (height, width), num_classes)
+    if name in MODELS:
+        return MODELS[name](channels, (height, width), num_classes)
+    from compress.model_sources import build_from_source
+
+    return build_from_source(name, channels, (height, width), num_classes)
 
 
 def count_parameters(model):

@@ -16,7 +16,7 @@ import yaml
 from compress import dist, interrupt, preflight, schema
 from compress.checkpoint import read_metadata, resume_state_problem
 from compress.config import read_yaml
-from compress.context import StageContext, StageResult
+from compress.context import File, StageContext, StageResult
 from compress.errors import CompressError, InputError, Interrupted
 from compress.fileio import sha256_file
 from compress.report import write_report
@@ -193,6 +193,9 @@ def decide(run, cfg, spec, force):
     states = stage_states(run, STAGES, manifest)
     inputs, sources = {}, {}
     for item in spec.inputs(cfg):
+        if isinstance(item, File):
+            inputs[item.input_key] = _external_sha256(item)
+            continue
         rel = STAGES[item.stage].OUTPUTS[item.output]
         entry = stages.get(item.stage) or {}
         recorded = entry.get("status") == "complete" and rel in entry.get("outputs", {})
@@ -223,6 +226,14 @@ def decide(run, cfg, spec, force):
     return Decision("fresh", "running", **base)
 
 
+def _external_sha256(item):
+    path = os.path.expanduser(item.path)
+    try:
+        return sha256_file(path, follow_links=True)
+    except InputError:
+        raise InputError(f"{item.key}: cannot read '{item.path}'; check the path") from None
+
+
 def _resume_or_restart(cfg, spec, ckpt, base):
     try:
         state = read_metadata(ckpt).get("state")
@@ -246,7 +257,7 @@ def _changes(run, entry, decision):
         return f"config changed ({', '.join(keys[:4]) or 'config'})"
     for rel, sha in decision["inputs"].items():
         if entry.get("inputs", {}).get(rel) != sha:
-            return f"its input {rel} changed"
+            return f"its input {rel.removeprefix('external:')} changed"
     for rel, sha in entry.get("outputs", {}).items():
         path = run.path(rel)
         if not os.path.isfile(path) or os.path.islink(path):

@@ -31,7 +31,16 @@ def quiet_fx():
         yield
 
 
-def qconfig_mapping(backend="x86", activation_range="full", per_channel=True):
+def qconfig_mapping(backend="x86", activation_range="full", per_channel=True, float_layers=()):
+    """The QConfigMapping for QAT: full-range activations and per-channel weights (see above), with the
+    modules named in `float_layers` kept in float."""
+    mapping = _base_mapping(backend, activation_range, per_channel)
+    for name in float_layers:
+        mapping.set_module_name(name, None)
+    return mapping
+
+
+def _base_mapping(backend, activation_range, per_channel):
     from torch.ao.quantization import (
         FusedMovingAvgObsFakeQuantize,
         MovingAverageMinMaxObserver,
@@ -59,9 +68,10 @@ def qconfig_mapping(backend="x86", activation_range="full", per_channel=True):
     return QConfigMapping().set_global(QConfig(activation=activation, weight=weight))
 
 
-def describe_qconfig(qcfg):
+def describe_qconfig(qcfg, float_layers=()):
     """What export needs to rebuild the same prepared model (stored in qat.safetensors' metadata)."""
-    return {"backend": qcfg.backend, "activation_range": qcfg.activation_range, "per_channel": qcfg.per_channel}
+    return {"backend": qcfg.backend, "activation_range": qcfg.activation_range, "per_channel": qcfg.per_channel,
+            "float_layers": list(float_layers)}
 
 
 def set_engine(backend):
@@ -74,13 +84,13 @@ def set_engine(backend):
     torch.backends.quantized.engine = engine
 
 
-def prepare(model, example, backend="x86", activation_range="full", per_channel=True):
+def prepare(model, example, backend="x86", activation_range="full", per_channel=True, float_layers=()):
     """prepare_qat_fx on a plain (never DDP-wrapped) float model in train mode: fuses conv-bn-relu and
-    inserts fake-quant modules. Untraceable models get an error naming the construct."""
+    inserts fake-quant modules (none for `float_layers`). Untraceable models get an error naming the construct."""
     from torch.ao.quantization.quantize_fx import prepare_qat_fx
 
     set_engine(backend)
-    mapping = qconfig_mapping(backend, activation_range, per_channel)
+    mapping = qconfig_mapping(backend, activation_range, per_channel, float_layers)
     try:
         with quiet_fx():
             return prepare_qat_fx(model.train(), mapping, (example,))
@@ -110,11 +120,13 @@ def freeze_bn(prepared):
     prepared.apply(freeze_bn_stats)
 
 
-def rebuild_int8(float_model, tensors, example, backend, activation_range, per_channel, path):
-    """The int8 model from a float architecture and a prepared-model state: prepare, load, convert."""
+def rebuild_int8(float_model, tensors, example, qconfig, path):
+    """The int8 model from a float architecture and a prepared-model state: prepare (with the qconfig recorded
+    in the file's metadata), load, convert."""
     from compress.checkpoint import load_into
 
-    prepared = prepare(float_model, example, backend, activation_range, per_channel)
+    prepared = prepare(float_model, example, qconfig["backend"], qconfig["activation_range"], qconfig["per_channel"],
+                       qconfig.get("float_layers", ()))
     load_into(prepared, tensors, path)
     return convert(prepared)
 

@@ -42,6 +42,8 @@ def build_rows(run, stages):
             continue
         if state != "complete":
             notes.append(f"{name} is stale ({detail}): its rows are marked; `compress run` brings it up to date")
+        elif hasattr(spec, "report_notes"):
+            notes.extend(spec.report_notes(entry))
         for row in produced:
             if "artifact" not in row:  # a figure for another stage's row, measured from that stage's file
                 if row["id"] in rows and _still_current(row.pop("measured_from"), entry, manifest, states):

@@ -24,6 +24,8 @@ def _state(run, name, entries, states):
         return "not run", ""
     if entry["status"] == "complete":
         for rel, sha in entry.get("inputs", {}).items():
+            if rel.startswith("external:"):  # a file outside the run (pretrained weights): checked when run
+                continue
             upstream = rel.split("/")[0]
             current = (entries.get(upstream) or {}).get("outputs", {}).get(rel)
             if current != sha:

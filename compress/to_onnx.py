@@ -10,6 +10,7 @@ import torch
 from compress.deploy import META_PREFIX
 from compress.errors import StageFailed
 from compress.fileio import atomic_write_bytes, dumps
+from compress.qdq import clean_qdq
 
 
 @contextlib.contextmanager
@@ -20,7 +21,12 @@ def _quiet_legacy_exporter():
         warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message="The feature will be removed", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.trace", category=FutureWarning)
+        # quantized activations (hardtanh/ReLU6 in mobilenets) read their scale as a Python number while tracing
+        warnings.filterwarnings("ignore", message="Converting a tensor to a Python", category=torch.jit.TracerWarning)
         yield
+
+
+EXPORTER_MAX_OPSET = 20  # the TorchScript exporter's newest; newer opsets come from onnx's version converter
 
 
 def export_onnx(model, example, path, opset, metadata):
@@ -31,13 +37,18 @@ def export_onnx(model, example, path, opset, metadata):
     buffer = io.BytesIO()
     try:
         with _quiet_legacy_exporter(), torch.no_grad():
-            torch.onnx.export(model.eval(), (example,), buffer, dynamo=False, opset_version=opset,
+            torch.onnx.export(model.eval(), (example,), buffer, dynamo=False,
+                              opset_version=min(opset, EXPORTER_MAX_OPSET),
                               input_names=["input"], output_names=["logits"],
                               dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
     except Exception as e:  # the exporter raises many types for unsupported operators
         first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
         raise StageFailed(f"export: torch.onnx.export failed for {path} ({first[:200]})") from None
     proto = tidy(onnx.load_from_string(buffer.getvalue()))
+    if opset > EXPORTER_MAX_OPSET:
+        from onnx import version_converter
+
+        proto = version_converter.convert_version(proto, opset)
     for key, value in metadata.items():
         prop = proto.metadata_props.add()
         prop.key, prop.value = META_PREFIX + key, value if isinstance(value, str) else dumps(value)
@@ -52,9 +63,10 @@ def export_onnx(model, example, path, opset, metadata):
 
 def tidy(proto):
     """Fold what the TorchScript exporter leaves as computations on constants into initializers (Constant,
-    Identity or Cast of a constant, ConstantOfShape of a constant shape) and give internal tensors short names.
-    The graph computes exactly the same thing (the export stage re-checks parity); for a small int8 model the
-    exporter's per-node overhead is otherwise a large part of the file."""
+    Identity or Cast of a constant, ConstantOfShape of a constant shape), clean the QDQ pattern
+    (`compress.qdq`) and give internal tensors short names. The graph computes exactly the same thing (the
+    export stage re-checks parity); for a small int8 model the exporter's per-node overhead is otherwise a
+    large part of the file."""
     from onnx import helper, numpy_helper
 
     graph = proto.graph
@@ -66,6 +78,7 @@ def tidy(proto):
             kept.append(node)
         else:
             consts[node.output[0]] = value
+    clean_qdq(kept, consts)
     used = {name for node in kept for name in node.input} | {o.name for o in graph.output}
     names = _short_names(graph, kept, used, consts)
     for node in kept:

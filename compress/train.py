@@ -74,11 +74,26 @@ def seed_step(seed, stage, epoch, step, rank):
 
 
 class Precision:
-    """fp32, or autocast (bf16, or fp16 with a gradient scaler) on CUDA. A plain value the loop is given."""
+    """fp32, or autocast (bf16, or fp16 with a gradient scaler), with channels-last tensors on CUDA. A plain
+    value the loop is given; `for_run` picks it from train.precision."""
 
     def __init__(self, dtype=None, device_type="cpu"):
         self.dtype, self.device_type = dtype, device_type
         self.scaler = torch.amp.GradScaler(device_type) if dtype == torch.float16 else None
+        self.memory_format = torch.channels_last if device_type == "cuda" else torch.contiguous_format
+
+    @classmethod
+    def for_run(cls, choice, device):
+        """auto: bf16 on CUDA (fp16 + gradient scaling where bf16 is missing), fp32 on the CPU."""
+        if choice == "auto":
+            if device.type != "cuda":
+                return cls()
+            choice = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        if choice == "fp16" and device.type != "cuda":
+            from compress.errors import InputError
+
+            raise InputError("train.precision=fp16 needs a CUDA device; use auto, fp32 or bf16 on the CPU")
+        return cls({"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[choice], device.type)
 
     @property
     def name(self):
@@ -88,6 +103,13 @@ class Precision:
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def place(self, model):
+        """The model in this precision's memory format (channels-last on CUDA)."""
+        return model.to(memory_format=self.memory_format) if self.device_type == "cuda" else model
+
+    def inputs(self, x, device):
+        return x.to(device, non_blocking=True, memory_format=self.memory_format) if x.dim() == 4 else x.to(device)
 
     def step(self, loss, optimizer):
         if self.scaler is None:
@@ -108,7 +130,7 @@ def evaluate(model, loader, env, precision=FP32):
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
     for x, y, *_ in loader:
-        x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
+        x, y = precision.inputs(x, env.device), y.to(env.device, non_blocking=True)
         with precision.autocast():
             logits = model(x).float()
         sums += torch.tensor([F.cross_entropy(logits, y, reduction="sum").item(),
@@ -132,8 +154,7 @@ def train_one_epoch(model, loader, optimizer, loss_fn, *, env, epoch, schedule, 
         seed_step(*seed_key[:2], epoch, step, seed_key[2])
         for group in optimizer.param_groups:
             group["lr"] = schedule.lr_at(epoch * steps_per_epoch + step)
-        batch = Batch(batch.x.to(env.device, non_blocking=True), batch.y.to(env.device, non_blocking=True),
-                      *batch[2:])
+        batch = Batch(precision.inputs(batch.x, env.device), batch.y.to(env.device, non_blocking=True), *batch[2:])
         with precision.autocast():
             loss, parts = loss_fn(batch)
         value = loss.item()

@@ -14,16 +14,17 @@ from compress.cli import cli
 
 TINY_CONFIG = """\
 seed: 0
-data: {name: digits}
-model: {teacher: deep_cnn, student: compact_cnn}
+data: {name: digits, augment: pad_crop, crop_padding: 1}
+model: {teacher: resnet14, student: compact_cnn}
 train: {eval_batch_size: 256, progress: false}
 teacher: {epochs: 2, batch_size: 32}
 distill:
   epochs: 2
   batch_size: 32
-  hint: {weight: 0.25, student_layer: block1}
-qat: {epochs: 2, batch_size: 32, max_accuracy_drop: 100.0}
-export: {latency_batch_sizes: [1, 8], latency_repeats: 2, latency_warmup: 0}
+  views: 3
+  hint: {weight: 0.25, teacher_layer: layers, student_layer: block1}
+qat: {epochs: 2, batch_size: 32, max_accuracy_drop: 100.0, float_layers: []}
+export: {latency_batch_sizes: [1, 8], latency_repeats: 2, latency_warmup: 0, min_int8_speedup: 0.0}
 """
 
 

@@ -79,6 +79,20 @@ def png_claiming_size(path, width, height):
     path.write_bytes(bytes(data))
 
 
+def save_other_architecture(tmp):
+    import torch
+
+    from compress.models import build_model
+
+    torch.save(build_model("light_cnn", (1, 8, 8), 10).state_dict(), tmp / "other.pth")
+
+
+def save_pickled_module(tmp):
+    import torch
+
+    torch.save(torch.nn.Linear(2, 2), tmp / "module.pth")  # a whole pickled module, not a state dict
+
+
 def link_inside(run, tmp):
     (tmp / "victim.txt").write_text("precious")
     os.symlink(tmp / "victim.txt", run / ".write-test")
@@ -155,7 +169,7 @@ CASES = {
     "checkpoint: another model": (
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "model.teacher=light_cnn"],
-        "holds a 'deep_cnn' model but the config asks for 'light_cnn'"),
+        "holds a 'resnet14' model but the config asks for 'light_cnn'"),
     "checkpoint: wrong dtype": (
         lambda r, t: as_half_precision(r),
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--force"], "wrong dtype"),
@@ -251,6 +265,34 @@ CASES = {
     "onnx: input shape of the wrong length": (
         lambda r, t: edit_onnx_metadata(r, t, "input_shape", "[8, 8]"),
         lambda r, t: ["predict", t / "edited.onnx", t / "img.png"], "compress.input_shape must be"),
+    # bring your own model and weights (issue 12)
+    "weights: another architecture": (
+        lambda r, t: save_other_architecture(t),
+        lambda r, t: ["run", "--run-dir", r, "--stages", "teacher", "--set", f"model.teacher_weights={t}/other.pth",
+                      "--set", "teacher.epochs=0"],
+        "model.teacher_weights: '"),
+    "weights: a pickle that is not a plain state dict": (
+        lambda r, t: save_pickled_module(t),
+        lambda r, t: ["run", "--run-dir", r, "--stages", "teacher", "--set", f"model.teacher_weights={t}/module.pth",
+                      "--set", "teacher.epochs=0"],
+        "is not a plain state dict that torch.load(weights_only=True) can read"),
+    "weights: missing file": (
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--set", f"model.student_weights={t}/absent.safetensors"],
+        "model.student_weights: file"),
+    "model: unknown torchvision name": (
+        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "model.teacher=torchvision:resnet19"],
+        "torchvision has no classification model 'resnet19' (did you mean 'torchvision:resnet18'?)"),
+    "model: module:function that does not exist": (
+        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "model.student=compress.models:nothing"],
+        "module 'compress.models' has no function 'nothing'"),
+    "model: module that does not import": (
+        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "model.student=no_such_module:build"],
+        "cannot import module 'no_such_module'"),
+    "model: function that returns no nn.Module": (
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "model.student=collections:OrderedDict"],
+        "returned OrderedDict, not a torch.nn.Module"),
     # a stage that runs and fails its own check: exit 1, outputs kept for inspection
     "qat: accuracy budget exceeded": (
         lambda r, t: None,

@@ -119,6 +119,7 @@ def test_qat_state_with_shared_tensors_saves_and_reloads(tmp_path):
     path = tmp_path / "qat.safetensors"
     save_weights(path, prepared, {"stage": "qat", "model": "light_cnn"})
     tensors, _ = read_weights(path)
-    rebuilt = quant.rebuild_int8(small(seed=5), tensors, example, "x86", "full", True, path)
+    qconfig = {"backend": "x86", "activation_range": "full", "per_channel": True, "float_layers": []}
+    rebuilt = quant.rebuild_int8(small(seed=5), tensors, example, qconfig, path)
     x = torch.randn(8, 1, 8, 8)
     assert torch.equal(quant.convert(prepared)(x), rebuilt(x))

@@ -57,4 +57,4 @@ def test_config_command_prints_resolved_yaml_and_reference():
     result = invoke("config", "--set", "teacher.epochs=11")
     assert result.exit_code == 0 and "epochs: 11" in result.output
     reference = invoke("config", "--reference").output
-    assert "| `distill.kd.temperature` | float | `2.0` |" in reference
+    assert "| `distill.kd.temperature` | float | `4.0` |" in reference

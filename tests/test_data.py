@@ -12,10 +12,10 @@ def data_cfg(*overrides):
     return load_config(None, list(overrides)).data
 
 
-def test_split_is_deterministic_from_the_seed():
+def test_split_is_deterministic_from_the_split_seed_only():
     a = load_data(data_cfg("data.name=digits"), seed=0)
-    b = load_data(data_cfg("data.name=digits"), seed=0)
-    c = load_data(data_cfg("data.name=digits"), seed=1)
+    b = load_data(data_cfg("data.name=digits"), seed=1)  # another training seed: the same validation images
+    c = load_data(data_cfg("data.name=digits", "data.split_seed=1"), seed=0)
     assert torch.equal(a.val.labels, b.val.labels) and torch.equal(a.val.images, b.val.images)
     assert not torch.equal(a.val.images, c.val.images)
     assert len(a.train) + len(a.val) == 1797 and len(a.val) == 180
@@ -23,7 +23,7 @@ def test_split_is_deterministic_from_the_seed():
 
 def test_normalisation_is_computed_on_the_train_split():
     data = load_data(data_cfg("data.name=digits"), seed=0)
-    x, _, _ = data.train.batch(range(len(data.train)))
+    x = data.train.batch(range(len(data.train))).x
     assert abs(x.mean().item()) < 1e-3 and abs(x.std().item() - 1.0) < 1e-2
     given = load_data(data_cfg("data.name=digits", "data.mean=[0.5]", "data.std=[0.5]"), seed=0)
     assert given.mean == (0.5,) and given.std == (0.5,)
@@ -36,7 +36,7 @@ def test_mnist5k_ships_offline():
 
 
 def test_augmentation_depends_only_on_seed_epoch_and_index():
-    data = load_data(data_cfg("data.name=digits", "data.augment=true"), seed=0)
+    data = load_data(data_cfg("data.name=digits", "data.augment=pad_crop"), seed=0)
     first = data.train.batch([5, 9], epoch=3).x
     other_epoch = data.train.batch([5, 9], epoch=4).x
     assert torch.equal(first, data.train.batch([5, 9], epoch=3).x)
@@ -47,7 +47,7 @@ def test_eval_shards_cover_every_sample_once():
     data = load_data(data_cfg("data.name=digits"), seed=0)
     seen = []
     for rank in range(3):
-        for _, _, idx in eval_loader(data.val, 16, rank, 3):
+        for _, _, idx, _ in eval_loader(data.val, 16, rank, 3):
             seen.extend(idx.tolist())
     assert sorted(seen) == list(range(len(data.val)))
 
@@ -56,9 +56,9 @@ def test_train_loader_resumes_mid_epoch_with_the_same_batches():
     data = load_data(data_cfg("data.name=digits"), seed=0)
     loader = train_loader(data.train, 32, 0, 1, seed=0)
     loader.sampler.set_epoch(2)
-    full = [idx.tolist() for _, _, idx in loader]
+    full = [idx.tolist() for _, _, idx, _ in loader]
     loader.sampler.set_epoch(2, skip=5)
-    assert [idx.tolist() for _, _, idx in loader] == full[5:]
+    assert [idx.tolist() for _, _, idx, _ in loader] == full[5:]
 
 
 def test_imagefolder_reads_a_class_tree(tmp_path):
@@ -70,7 +70,7 @@ def test_imagefolder_reads_a_class_tree(tmp_path):
     data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
                               "data.val_fraction=0.25"), seed=0)
     assert data.class_names == ("cat", "dog") and data.input_shape == (3, 16, 16)
-    x, y, _ = data.train.batch([0, 1])
+    x, y = data.train.batch([0, 1])[:2]
     assert x.shape == (2, 3, 16, 16) and set(y.tolist()) <= {0, 1}
 
 
@@ -86,3 +86,72 @@ def test_imagefolder_unreadable_image_names_the_file(tmp_path):
 def test_cifar10_without_a_local_copy_says_where_to_put_it(tmp_path):
     with pytest.raises(InputError, match="holds no CIFAR-10 copy"):
         load_data(data_cfg("data.name=cifar10", f"data.root={tmp_path}"), seed=0)
+
+
+def _image_tree(root, splits, classes=("cat", "dog"), count=6, size=(20, 24)):
+    rng = np.random.default_rng(0)
+    for split in splits:
+        for cls in classes:
+            folder = root / split / cls if split else root / cls
+            folder.mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+
+
+def test_imagefolder_with_train_and_val_folders_uses_them_as_the_splits(tmp_path):
+    _image_tree(tmp_path, ["train"], count=5)
+    _image_tree(tmp_path, ["val"], count=3)
+    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16"), seed=0)
+    assert (len(data.train), len(data.val)) == (10, 6) and data.class_names == ("cat", "dog")
+    assert all(str(tmp_path / "val") in f for f in data.val.files)
+
+
+def test_a_class_missing_from_one_split_is_a_clear_error(tmp_path):
+    _image_tree(tmp_path, ["train"], classes=("cat", "dog", "owl"))
+    _image_tree(tmp_path, ["val"])
+    with pytest.raises(InputError, match="class 'owl' is in train/ but not in val/"):
+        load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}"), seed=0)
+
+
+def test_validation_images_are_resized_by_the_shorter_side_and_centre_cropped(tmp_path):
+    """Not squashed: a 20x40 image keeps its aspect ratio; the ONNX predict path gives the same pixels."""
+    from compress.imageio import load_pixels
+
+    _image_tree(tmp_path, ["train", "val"], size=(20, 40), count=2)
+    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
+                              "data.eval_crop=0.8"), seed=0)
+    assert data.resize == {"shorter_side": 20, "height": 16, "width": 16, "interpolation": "bilinear",
+                           "antialias": True, "crop": "center"}
+    images, _ = data.val.raw([0])
+    expected = load_pixels(data.val.files[0], 3, data.resize)  # what `compress predict` computes
+    assert torch.equal(images[0], torch.from_numpy(np.array(expected)).permute(2, 0, 1))
+
+
+@pytest.mark.parametrize("augment", ["pad_crop", "random_resized_crop"])
+def test_augmentation_is_the_same_in_worker_processes(tmp_path, augment):
+    _image_tree(tmp_path, ["train", "val"], count=8)
+    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
+                              f"data.augment={augment}", "data.cache_mb=0"), seed=3)
+    batches = []
+    for workers in (0, 2):
+        loader = train_loader(data.train, 4, 0, 1, seed=3, num_workers=workers)
+        loader.sampler.set_epoch(1)
+        batches.append([b.x for b in loader])
+    assert all(torch.equal(a, b) for a, b in zip(*batches))
+    assert not torch.equal(batches[0][0], data.train.batch(loader.sampler.__iter__().__next__()[1]).x)
+
+
+def test_fixed_views_repeat_exactly_across_epochs():
+    from compress.transforms import view_of
+
+    data = load_data(data_cfg("data.name=digits", "data.augment=pad_crop"), seed=0)
+    data.train.augment.views = 4
+    views = {view_of(0, e, 7, 4) for e in range(40)}
+    assert views == {0, 1, 2, 3}
+    by_view = {}
+    for epoch in range(12):
+        batch = data.train.batch([7], epoch=epoch)
+        by_view.setdefault(int(batch.view[0]), []).append(batch.x)
+    for shown in by_view.values():
+        assert all(torch.equal(shown[0], x) for x in shown)
+    assert len({tuple(v[0].flatten().tolist()) for v in by_view.values()}) > 1

@@ -63,7 +63,7 @@ def test_torchrun_launch_trains_the_teacher(tiny_config, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          "-m", "compress", "run", "-c", tiny_config, "--run-dir", str(run), "--stages", "teacher",
-         "--set", "teacher.epochs=1"],
+         "--set", "teacher.epochs=1", "--set", "data.augment=none"],
         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((run / "manifest.json").read_text())["stages"]["teacher"]
@@ -103,6 +103,7 @@ def test_two_nodes_on_one_machine_train_as_one_group(tiny_config, tmp_path):
         assert manifest[stage]["metrics"]["replicas_identical"] is True
     # one set of files, written once (by global rank 0)
     files = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
-    assert files == ["config.yaml", "distill/last/checkpoint.safetensors", "distill/metrics.json",
+    assert files == ["config.yaml", "distill/baseline.safetensors", "distill/baseline/last/checkpoint.safetensors",
+                     "distill/baseline/metrics.json", "distill/last/checkpoint.safetensors", "distill/metrics.json",
                      "distill/model.safetensors", "manifest.json", "report.json", "report.md", "report.png",
                      "teacher/last/checkpoint.safetensors", "teacher/metrics.json", "teacher/model.safetensors"]

@@ -53,6 +53,22 @@ def test_cached_and_per_batch_teacher_give_the_same_loss():
         assert cached_parts[k] == pytest.approx(live_parts[k], rel=1e-5, abs=1e-6)
 
 
+def test_cached_views_give_the_teacher_outputs_of_the_very_batch_the_student_sees():
+    """Consistent teaching with a view cache: for any epoch, the cached outputs looked up by (sample, view)
+    are the teacher's outputs on exactly the augmented images of the batch."""
+    cfg, data, teacher, student = setup("data.augment=pad_crop", "distill.views=3")
+    data.train.augment.views = 3
+    cache = build_cache(teacher, data.train, DistEnv(), batch_size=64, views=3)
+    assert cache.tensors["logits"].shape == (3 * len(data.train), 10)
+    for epoch in (0, 5):
+        batch = data.train.batch(range(40, 72), epoch=epoch)
+        assert set(batch.view.tolist()) <= {0, 1, 2} and len(set(batch.view.tolist())) > 1
+        cached = cache.lookup(batch.index, batch.view, "cpu")
+        live = teacher(batch.x)
+        for key in live:
+            assert torch.allclose(cached[key], live[key], atol=1e-5), key
+
+
 def test_hint_regressor_trains_with_the_student():
     cfg, data, teacher, student = setup()
     assert student.regressor is not None
@@ -66,4 +82,4 @@ def test_shapes_that_cannot_be_reconciled_fail_before_training():
     with pytest.raises(InputError, match="differ in spatial size"):
         setup("distill.hint.student_layer=stem")
     with pytest.raises(InputError, match="cannot reduce a teacher representation"):
-        setup("distill.cosine.teacher_layer=classifier.3", "distill.cosine.student_layer=block1")
+        setup("distill.cosine.teacher_layer=pool", "distill.cosine.student_layer=block1")

@@ -1,4 +1,5 @@
 import json
+import os
 
 import numpy as np
 import onnx
@@ -66,7 +67,7 @@ def write_val_pngs(tmp_path, count=6):
         path = tmp_path / f"val{i}.png"
         Image.fromarray(img[0].numpy()).save(path)
         paths.append(str(path))
-    x, _, _ = data.val.batch(range(count))
+    x = data.val.batch(range(count)).x
     return paths, x
 
 
@@ -125,3 +126,148 @@ def test_onnx_model_refuses_a_file_without_metadata_only_when_asked(finished_run
     with pytest.raises(InputError):
         OnnxModel(str(bare))
     assert OnnxModel(str(bare), require_metadata=False).input_shape == (1, 8, 8)
+
+
+def test_int8_graph_is_clean_qdq_without_casts(finished_run):
+    """No Cast between QuantizeLinear and DequantizeLinear: the pair other runtimes pattern-match stays whole."""
+    graph = onnx.load(finished_run / "export" / "model.int8.onnx").graph
+    producers = {out: node for node in graph.node for out in node.output}
+    assert not [n for n in graph.node if n.op_type == "Cast"]
+    dequantized = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in producers]
+    assert dequantized and all(producers[n.input[0]].op_type == "QuantizeLinear" for n in dequantized)
+
+
+def test_onnx_reference_evaluator_agrees_with_onnxruntime(finished_run):
+    """A second, independent ONNX implementation (onnx.reference) runs both files: 100 % top-1 agreement with
+    onnxruntime in fp32, >= 99 % in int8, on validation images."""
+    from onnx.reference import ReferenceEvaluator
+
+    data = load_data(load_config(None, ["data.name=digits"]).data, seed=0)
+    x = data.val.batch(range(100)).x.numpy()
+    for kind, needed in (("fp32", 1.0), ("int8", 0.99)):
+        path = finished_run / "export" / f"model.{kind}.onnx"
+        reference = ReferenceEvaluator(onnx.load(path)).run(None, {"input": x})[0]
+        runtime = OnnxModel(str(path))(x)
+        assert (reference.argmax(1) == runtime.argmax(1)).mean() >= needed, kind
+
+
+def test_metadata_says_how_to_preprocess_and_read_the_output(finished_run):
+    meta = metadata_of(onnx.load(finished_run / "export" / "model.int8.onnx"))
+    assert meta["layout"] == "NCHW" and meta["input_dtype"] == "float32" and meta["color"] == "L"
+    assert meta["resize"] == {"shorter_side": 8, "height": 8, "width": 8, "interpolation": "bilinear",
+                              "antialias": True, "crop": "center"}
+    assert meta["output"].startswith("logits") and len(meta["preprocessing"]) == 6
+    assert "divide by 255" in meta["preprocessing"][3] and "mean" in meta["preprocessing"][4]
+
+
+def test_the_readme_snippet_classifies_an_image_from_the_file_alone(finished_run, tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    snippet = re.search(r"<!-- deploy-snippet -->\n```python\n(.*?)```", readme, re.S).group(1)
+    assert len(snippet.strip().splitlines()) <= 15
+    paths, _ = write_val_pngs(tmp_path, count=3)
+    model = finished_run / "export" / "model.int8.onnx"
+    expected = [e["top"][0]["class"] for e in json.loads(invoke("predict", model, *paths, "--json").stdout)]
+    got = []
+    for path in paths:
+        code = snippet.replace('"model.int8.onnx"', repr(str(model))).replace('"digit.png"', repr(path))
+        got.append(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+                   .stdout.strip())
+    assert got == expected
+
+
+def test_bench_compares_two_files_side_by_side(finished_run):
+    fp32, int8 = (finished_run / "export" / f"model.{k}.onnx" for k in ("fp32", "int8"))
+    result = invoke("bench", fp32, int8, "--batch", "1,8", "--threads", "1", "--repeats", "5")
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert "interleaved rounds" in lines[2] and len(lines) == 6
+    assert all(("faster than" in line or "slower than" in line) for line in lines[4:])
+
+
+def _int8_pair(tmp_path, name, shape, float_layers=()):
+    from compress import quant
+
+    torch.manual_seed(0)
+    model = build_model(name, shape, 10).eval()
+    example = torch.randn(2, *shape)
+    export_onnx(model, example, tmp_path / "fp32.onnx", 21, {})
+    prepared = quant.prepare(model, example, float_layers=float_layers)
+    prepared.eval()
+    with torch.no_grad():
+        for _ in range(3):
+            prepared(torch.randn(32, *shape))
+    export_onnx(quant.convert(prepared), example, tmp_path / "int8.onnx", 21, {})
+    return {k: str(tmp_path / f"{k}.onnx") for k in ("fp32", "int8")}
+
+
+def test_the_speed_gate_holds_with_a_busy_neighbour(tmp_path):
+    """A pair that passes on a quiet machine passes with two CPU-burning processes beside it: the gate compares
+    interleaved rounds by their minima, which other processes can only make slower, and alike."""
+    import multiprocessing
+    import time
+
+    from compress.config import ExportConfig
+    from stages.export import speed_gate
+
+    paths = _int8_pair(tmp_path, "compact_cnn", (1, 28, 28))
+    data = load_data(load_config(None, ["data.name=mnist5k", "data.limit=100"]).data, seed=0)
+    gate = ExportConfig(latency_batch_sizes=(64,), min_int8_speedup=1.0)
+    quiet = speed_gate(paths, data, gate)
+    assert quiet["speedup"] >= 1.0, quiet
+    burners = [multiprocessing.Process(target=_burn, args=(time.time() + 120,), daemon=True) for _ in range(2)]
+    for b in burners:
+        b.start()
+    try:
+        busy = speed_gate(paths, data, gate)
+    finally:
+        for b in burners:
+            b.terminate()
+    assert busy["speedup"] >= 1.0, (quiet, busy)
+
+
+def _burn(until):
+    import time
+
+    x = 0
+    while time.time() < until:
+        x += 1
+
+
+def test_a_layer_kept_float_stays_float_in_the_int8_file(tmp_path):
+    paths = _int8_pair(tmp_path, "compact_cnn", (1, 28, 28), float_layers=["stem.0"])
+    graph = onnx.load(paths["int8"]).graph
+    first = next(n for n in graph.node if n.op_type == "Conv")
+    weights = {i.name: i for i in graph.initializer}
+    assert weights[first.input[1]].data_type == onnx.TensorProto.FLOAT  # the stem: float weights, no DQ
+    assert any(i.data_type == onnx.TensorProto.INT8 for i in graph.initializer)
+
+
+def test_an_int8_model_slower_than_float_fails_the_speed_gate_and_keeps_its_files(tmp_path):
+    """The forced slow case: every layer of the KD tutorial's light_cnn in int8 at 3x32x32 (its 3- and
+    16-channel convolutions are too thin for int8 kernels to pay off on a CPU)."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 16), ("val", 8)):
+        for cls in ("a", "b"):
+            (tmp_path / "img" / split / cls).mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(
+                    tmp_path / "img" / split / cls / f"{i}.png")
+    run = tmp_path / "run"
+    base = ["run", "--run-dir", run, "--set", "data.name=imagefolder", "--set", f"data.root={tmp_path / 'img'}",
+            "--set", "model.teacher=light_cnn", "--set", "model.student=light_cnn", "--set", "teacher.epochs=1",
+            "--set", "distill.epochs=1", "--set", "distill.baseline=false", "--set", "qat.epochs=1",
+            "--set", "qat.max_accuracy_drop=100", "--set", "qat.float_layers=[]", "--set", "train.progress=false",
+            "--set", "export.latency_repeats=3"]
+    result = invoke(*base)
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "int8_speed: int8" in errors[0] and "x slower (needed 1x)" in errors[0], errors
+    assert "keep more layers in float (qat.float_layers)" in errors[0]
+    for name in ("model.fp32.onnx", "model.int8.onnx", "export.json"):
+        assert (run / "export" / name).is_file()
+    speed = json.loads((run / "export" / "export.json").read_text())["speed"]
+    assert speed["speedup"] < 1.0 and len(speed["attempts"]) == 2

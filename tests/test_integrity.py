@@ -156,7 +156,7 @@ def test_the_report_marks_rows_that_are_no_longer_current(run_copy):
     report = (run_copy / "report.md").read_text()
     teacher_row = next(line for line in report.splitlines() if line.startswith("| teacher"))
     assert "stale" not in teacher_row and teacher_row.endswith("| - | - |"), teacher_row  # old latency dropped
-    assert "| student (PyTorch fp32) *(stale)* |" in report
+    assert "| student, distilled (PyTorch fp32) *(stale)* |" in report
 
 
 def test_a_damaged_export_report_does_not_block_other_stages(run_copy):

@@ -9,6 +9,7 @@ from conftest import file_bytes, invoke, tree
 
 EXPECTED_TREE = [
     "config.yaml",
+    "distill/baseline.safetensors", "distill/baseline/last/checkpoint.safetensors", "distill/baseline/metrics.json",
     "distill/last/checkpoint.safetensors", "distill/metrics.json", "distill/model.safetensors",
     "export/export.json", "export/model.fp32.onnx", "export/model.int8.onnx",
     "manifest.json",

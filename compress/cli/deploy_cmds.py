@@ -47,26 +47,58 @@ def predict(model, images, top_k, as_json):
 
 
 @cli.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--batch", default="1,64", show_default=True, help="Comma-separated batch sizes.")
 @click.option("--threads", default=None, help="Comma-separated thread counts [default: 1,<all cores>].")
 @click.option("--repeats", type=click.IntRange(1, 100_000), default=30, show_default=True,
-              help="Timed runs per cell.")
+              help="Timed runs per cell (one model); with two models, interleaved rounds per cell.")
 @click.option("--warmup", type=click.IntRange(0, 10_000), default=5, show_default=True, help="Untimed runs first.")
 @debug_option
-def bench(model, batch, threads, repeats, warmup):
-    """Time an ONNX model with onnxruntime: median latency per batch size and thread count.
+def bench(models, batch, threads, repeats, warmup):
+    """Time ONNX models with onnxruntime: latency per batch size and thread count.
+
+    Given one file: its median latency per cell. Given two (e.g. fp32 and int8), both are timed side by side,
+    interleaved in rounds so a busy machine slows them alike, and the table shows each one's best time, the
+    ratio, and which is faster.
 
     \b
-    Example:
+    Examples:
       compress bench artifacts/default/export/model.int8.onnx --batch 1,64 --threads 1,2
+      compress bench artifacts/default/export/model.fp32.onnx artifacts/default/export/model.int8.onnx
     """
     from compress.deploy import OnnxModel, latency_table
 
-    OnnxModel(model, require_metadata=False)  # a clear error for a missing or non-ONNX file
+    if len(models) > 2:
+        raise click.BadParameter("give one ONNX file, or two to compare", param_hint="MODELS")
+    for path in models:
+        OnnxModel(path, require_metadata=False)  # a clear error for a missing or non-ONNX file
+    batches = _int_list(batch, "--batch", 4096)
     thread_list = _int_list(threads, "--threads", 1024) if threads else None
-    rows = latency_table(model, _int_list(batch, "--batch", 4096), thread_list, repeats, warmup)
-    click.echo(f"{model} (onnxruntime, CPU, median of {repeats})")
+    if len(models) == 2:
+        _compare(models, batches, thread_list, max(3, min(repeats, 50) // 5), warmup)
+        return
+    rows = latency_table(models[0], batches, thread_list, repeats, warmup)
+    click.echo(f"{models[0]} (onnxruntime, CPU, median of {repeats})")
     click.echo(f"{'batch':>6} {'threads':>8} {'ms':>10} {'images/s':>12}")
     for r in rows:
         click.echo(f"{r['batch']:>6} {r['threads']:>8} {r['ms']:>10.3f} {r['images_per_s']:>12,.0f}")
+
+
+def _compare(paths, batches, threads, rounds, warmup):
+    import os
+
+    import numpy as np
+
+    from compress.deploy import OnnxModel, compare_latency, speedup_text
+
+    a, b = (os.path.basename(p) for p in paths)
+    click.echo(f"A = {paths[0]}\nB = {paths[1]}\n(onnxruntime, CPU, best of {rounds} interleaved rounds)")
+    click.echo(f"{'batch':>6} {'threads':>8} {'A ms':>10} {'B ms':>10}  B vs A")
+    for t in threads or (1, os.cpu_count() or 1):
+        sessions = {name: OnnxModel(p, threads=t, require_metadata=False) for name, p in zip("AB", paths)}
+        for n in batches:
+            x = np.random.default_rng(0).standard_normal((n, *sessions["A"].input_shape), dtype=np.float32)
+            times = compare_latency(sessions, x, rounds=rounds, warmup=warmup)
+            ratio = times["A"]["min_ms"] / times["B"]["min_ms"]
+            click.echo(f"{n:>6} {t:>8} {times['A']['min_ms']:>10.3f} {times['B']['min_ms']:>10.3f}  "
+                       f"{b} is {speedup_text(ratio)} than {a}")

@@ -1,0 +1,142 @@
+"""Bring your own teacher, student and images: torchvision and user models, local pretrained weights, a
+teacher used as it is, a real-resolution image folder with train/ and val/ splits."""
+
+import json
+import textwrap
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torchvision
+from PIL import Image
+from safetensors.torch import save_file
+
+from compress.checkpoint import read_weights
+from compress.errors import InputError
+from compress.model_sources import load_pretrained, read_state_dict, source_problem
+from compress.models import build_model
+from conftest import invoke
+
+
+def photo_folder(root, classes=("cat", "dog"), train=6, val=2):
+    """Tiny train/val folders of non-square 'photos' (each class a different colour, so it can be learned)."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", train), ("val", val)):
+        for c, cls in enumerate(classes):
+            folder = root / split / cls
+            folder.mkdir(parents=True)
+            for i in range(count):
+                base = np.zeros((72, 90, 3), np.uint8)
+                base[..., c] = 200
+                noise = rng.integers(0, 55, base.shape, dtype=np.uint8)
+                Image.fromarray(base + noise).save(folder / f"{i}.jpg")
+    return root
+
+
+def test_torchvision_teacher_as_given_distils_a_pretrained_torchvision_student_to_int8_onnx(tmp_path):
+    """The whole bring-your-own chain on the CPU: a torchvision resnet18 state dict written with torch.save is
+    the teacher as it is (teacher.epochs: 0); a torchvision mobilenet_v2 student starts from a .safetensors
+    file (an ImageNet-shaped one: its 1000-class head is replaced); distill, QAT and a verified int8 ONNX."""
+    images = photo_folder(tmp_path / "photos")
+    torch.manual_seed(0)
+    torch.save(torchvision.models.resnet18(num_classes=2).state_dict(), tmp_path / "teacher.pth")
+    save_file(torchvision.models.mobilenet_v2(num_classes=1000).state_dict(), str(tmp_path / "student.safetensors"))
+    config = tmp_path / "byo.yaml"
+    config.write_text(textwrap.dedent(f"""\
+        data: {{name: imagefolder, root: {images}, image_size: 64, augment: random_resized_crop,
+               crop_scale: [0.5, 1.0], eval_crop: 0.875}}
+        model: {{teacher: "torchvision:resnet18", student: "torchvision:mobilenet_v2",
+                teacher_weights: {tmp_path / "teacher.pth"}, student_weights: {tmp_path / "student.safetensors"}}}
+        train: {{progress: false}}
+        teacher: {{epochs: 0}}
+        distill: {{epochs: 1, batch_size: 4, views: 2, baseline: false}}
+        qat: {{epochs: 1, batch_size: 4, max_accuracy_drop: 100.0}}
+        export: {{latency_batch_sizes: [1, 2], latency_repeats: 2, latency_warmup: 0, min_int8_speedup: 0.0}}
+        """))
+    run = tmp_path / "run"
+    result = invoke("run", "-c", config, "--run-dir", run)
+    assert result.exit_code == 0, result.output
+    assert "teacher torchvision:resnet18 used as given" in result.stderr
+    assert "its classifier head classifier.1.weight (1000, 1280) was replaced by a new one of shape (2, 1280)" \
+        in result.stderr
+    manifest = json.loads((run / "manifest.json").read_text())["stages"]
+    assert manifest["teacher"]["metrics"]["trained"] is False and manifest["teacher"]["seconds"] < 60
+    assert any(k.startswith("external:") and k.endswith("teacher.pth") for k in manifest["teacher"]["inputs"])
+    _, meta = read_weights(run / "distill" / "model.safetensors")
+    assert meta["model"] == "torchvision:mobilenet_v2" and meta["input_shape"] == [3, 64, 64]
+    int8 = onnx.load(run / "export" / "model.int8.onnx")
+    onnx.checker.check_model(int8, full_check=True)
+    assert any(init.data_type == onnx.TensorProto.INT8 for init in int8.graph.initializer)
+    export = json.loads((run / "export" / "export.json").read_text())
+    assert export["int8"]["top1_agreement"] >= 0.75 and all(c["ok"] for c in export["checks"].values())
+
+    # changing the weights file reruns the teacher (its sha256 is an input of the stage)
+    torch.manual_seed(1)
+    torch.save(torchvision.models.resnet18(num_classes=2).state_dict(), tmp_path / "teacher.pth")
+    again = invoke("run", "--run-dir", run, "--stages", "teacher")
+    assert again.exit_code == 0 and "teacher: running again: its input" in again.stderr
+
+
+def test_state_dict_files_lose_wrapper_prefixes_and_nested_checkpoints_are_found(tmp_path):
+    model = build_model("compact_cnn", (1, 8, 8), 10)
+    wrapped = {"epoch": 3, "state_dict": {f"module._orig_mod.{k}": v for k, v in model.state_dict().items()}}
+    torch.save(wrapped, tmp_path / "ckpt.pt")
+    assert set(read_state_dict(str(tmp_path / "ckpt.pt"), "k")) == set(model.state_dict())
+    fresh = build_model("compact_cnn", (1, 8, 8), 10)
+    load_pretrained(fresh, str(tmp_path / "ckpt.pt"), "model.student_weights")
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+
+
+def test_a_mismatch_beyond_the_head_names_the_keys(tmp_path):
+    torch.save(build_model("compact_cnn", (3, 8, 8), 10).state_dict(), tmp_path / "rgb.pth")
+    with pytest.raises(InputError, match=r"does not fit this model \(wrong shape: stem.0.weight"):
+        load_pretrained(build_model("compact_cnn", (1, 8, 8), 10), str(tmp_path / "rgb.pth"), "model.teacher_weights")
+
+
+def test_user_model_function_from_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "team_models.py").write_text(textwrap.dedent("""\
+        import torch.nn as nn
+
+        def tiny(num_classes, in_channels):
+            return nn.Sequential(nn.Conv2d(in_channels, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                 nn.Flatten(), nn.Linear(8, num_classes))
+        """))
+    monkeypatch.chdir(tmp_path)
+    assert source_problem("team_models:tiny") is None
+    model = build_model("team_models:tiny", (1, 8, 8), 4)
+    assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 4)
+    assert "has no function 'huge'" in source_problem("team_models:huge")
+
+
+def test_torchvision_models_adapt_to_grayscale_and_classes():
+    model = build_model("torchvision:efficientnet_b0", (1, 64, 64), 3)
+    assert model(torch.zeros(1, 1, 64, 64)).shape == (1, 3)
+    assert source_problem("torchvision:mobilenet_v3_smal") == (
+        "torchvision has no classification model 'mobilenet_v3_smal' (did you mean 'torchvision:mobilenet_v3_small'?);"
+        " see torchvision.models.list_models() for the names")
+
+
+def test_a_model_torch_fx_cannot_trace_fails_before_any_training(tmp_path, monkeypatch):
+    (tmp_path / "dynamic.py").write_text(textwrap.dedent("""\
+        import torch.nn as nn
+
+        class Branchy(nn.Module):
+            def __init__(self, num_classes):
+                super().__init__()
+                self.fc = nn.Linear(64, num_classes)
+
+            def forward(self, x):
+                if x.sum() > 0:  # data-dependent control flow: not traceable
+                    x = x * 2
+                return self.fc(x.flatten(1))
+
+        def build(num_classes):
+            return Branchy(num_classes)
+        """))
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", "--run-dir", tmp_path / "run", "--set", "data.name=digits", "--set",
+                    "model.student=dynamic:build")
+    assert result.exit_code == 2
+    assert "model.student: Branchy cannot be prepared for QAT by torch.fx" in result.stderr
+    assert not (tmp_path / "run").exists()
