@@ -71,7 +71,7 @@ def results(args, work):
     manifest, out["walls"]["teacher"] = compress_run(args, teacher_dir, "teacher")
     out["teacher"] = manifest["teacher"]["metrics"]["val_acc"]
     print(f"teacher: {out['teacher']:.2f}% ({out['walls']['teacher']} s)", flush=True)
-    methods = {"distilled (config)": []} | {name: list(o) for name, o in args.method}
+    methods = ({} if args.only_methods else {"distilled (config)": []}) | {name: list(o) for name, o in args.method}
     out["methods"] = {name: [] for name in methods}
     out["alone"] = []
     for seed in args.seeds:
@@ -173,6 +173,8 @@ def main():
     parser.add_argument("--seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--method", action="append", default=[], metavar="NAME=K=V;K=V",
                         type=lambda s: (s.split("=", 1)[0], s.split("=", 1)[1].split(";")))
+    parser.add_argument("--only-methods", action="store_true",
+                        help="train only the --method mixes (not the config's mix and its student-alone baseline)")
     parser.add_argument("--skip-results", action="store_true")
     parser.add_argument("--speed", action="store_true")
     parser.add_argument("--speed-epochs", type=int, default=10)
@@ -189,9 +191,10 @@ def main():
         seeds = ", ".join(map(str, args.seeds))
         print(f"\n| model | val acc, mean ± std over seeds {seeds} | per seed |\n|---|---:|---|")
         print(f"| teacher (trained once) | {res['teacher']:.2f} | - |")
-        m, s = mean_std(res["alone"])
-        alone = ", ".join(f"{v:.2f}" for v in res["alone"])
-        print(f"| student alone (CE; distill.baseline) | {m:.2f} ± {s:.2f} | {alone} |")
+        if res["alone"]:
+            m, s = mean_std(res["alone"])
+            alone = ", ".join(f"{v:.2f}" for v in res["alone"])
+            print(f"| student alone (CE; distill.baseline) | {m:.2f} ± {s:.2f} | {alone} |")
         for name, accs in res["methods"].items():
             m, s = mean_std(accs)
             print(f"| {name} | {m:.2f} ± {s:.2f} | {', '.join(f'{v:.2f}' for v in accs)} |")

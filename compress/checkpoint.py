@@ -127,20 +127,26 @@ def _decode(value):
         return value
 
 
+def key_mismatch(target, tensors, wrong_label, is_wrong, describe):
+    """'missing keys: a, b; unexpected keys: c; <wrong_label>: d ...' (first three of each), or '' when the
+    keys of `tensors` fit the state dict `target`."""
+    wrong = [describe(k, v) for k, v in target.items() if k in tensors and is_wrong(tensors[k], v)]
+    parts = []
+    for label, keys in (("missing keys", sorted(set(target) - set(tensors))),
+                        ("unexpected keys", sorted(set(tensors) - set(target))), (wrong_label, wrong)):
+        if keys:
+            more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
+            parts.append(f"{label}: {', '.join(keys[:3])}{more}")
+    return "; ".join(parts)
+
+
 def load_into(model, tensors, path):
     """Strict load that explains itself: missing, unexpected, wrong-dtype and wrong-shape keys."""
     target = unwrap(model).state_dict()
-    missing = sorted(set(target) - set(tensors))
-    unexpected = sorted(set(tensors) - set(target))
-    wrong = [f"{k} is {tensors[k].dtype}, expected {v.dtype}" for k, v in target.items()
-             if k in tensors and tensors[k].dtype != v.dtype]
-    if missing or unexpected or wrong:
-        parts = []
-        for label, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("wrong dtype", wrong)):
-            if keys:
-                more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
-                parts.append(f"{label}: {', '.join(keys[:3])}{more}")
-        raise CheckpointError(f"'{path}' does not fit the model: {'; '.join(parts)}")
+    problem = key_mismatch(target, tensors, "wrong dtype", lambda t, v: t.dtype != v.dtype,
+                           lambda k, v: f"{k} is {tensors[k].dtype}, expected {v.dtype}")
+    if problem:
+        raise CheckpointError(f"'{path}' does not fit the model: {problem}")
     try:  # shapes are checked by torch itself: observers legitimately resize their buffers on load
         unwrap(model).load_state_dict(tensors, strict=True)
     except RuntimeError as e:

@@ -23,6 +23,7 @@ import sys
 import torch
 from torch import nn
 
+from compress.checkpoint import key_mismatch
 from compress.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -187,18 +188,11 @@ def load_pretrained(model, path, key):
     replaced = {k: tuple(state[k].shape) for k in sorted(heads) if k in state and state[k].shape != target[k].shape}
     for k in replaced:
         state[k] = target[k]
-    missing = sorted(set(target) - set(state))
-    unexpected = sorted(set(state) - set(target))
-    wrong = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in target.items()
-             if k in state and state[k].shape != v.shape]
-    if missing or unexpected or wrong:
-        parts = []
-        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
-            if keys:
-                more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
-                parts.append(f"{label}: {', '.join(keys[:3])}{more}")
-        raise InputError(f"{key}: '{path}' does not fit this model ({'; '.join(parts)}); is it a checkpoint of "
-                         "another architecture?")
+    problem = key_mismatch(target, state, "wrong shape", lambda t, v: t.shape != v.shape,
+                           lambda k, v: f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}")
+    if problem:
+        raise InputError(f"{key}: '{path}' does not fit this model ({problem}); is it a checkpoint of another "
+                         "architecture?")
     model.load_state_dict({k: v.to(target[k].dtype) for k, v in state.items()}, strict=True)
     note = f"{key}: loaded {os.path.basename(path)}"
     weight = next((k for k in replaced if k.endswith("weight")), None)

@@ -1,0 +1,56 @@
+"""Is the data loader the bottleneck? Images/s of the training loader alone (decode, seeded augmentation,
+normalisation, with train.num_workers worker processes) against the training step's images/s that a finished
+run recorded in its metrics.
+
+    python benchmarks/bench_loader.py RUN_DIR [--workers 0,2] [--batches 60]
+
+The loader is read exactly as the teacher/distill stages read it (compress.data.train_loader), one process,
+the run's own config.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from compress.config import load_config  # noqa: E402
+from compress.data import load_data, train_loader  # noqa: E402
+
+
+def loader_rate(data, batch, seed, workers, batches):
+    loader = train_loader(data.train, batch, 0, 1, seed, num_workers=workers)
+    loader.sampler.set_epoch(1)
+    it = iter(loader)
+    next(it)  # workers started, first batch out
+    images, start = 0, time.perf_counter()
+    for i, b in enumerate(it):
+        images += len(b.y)
+        if i + 1 >= batches:
+            break
+    return images / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run")
+    parser.add_argument("--workers", default="0,2")
+    parser.add_argument("--batches", type=int, default=60)
+    args = parser.parse_args()
+    cfg = load_config(os.path.join(args.run, "config.yaml"))
+    data = load_data(cfg.data, cfg.seed)
+    stages = json.load(open(os.path.join(args.run, "manifest.json")))["stages"]
+    steps = {s: stages[s]["metrics"].get("images_per_s") for s in ("teacher", "distill", "qat") if s in stages}
+    print("training step (from the run's metrics, last epoch): " + ", ".join(f"{s} {v:.0f} images/s"
+                                                                             for s, v in steps.items() if v))
+    for workers in (int(w) for w in args.workers.split(",")):
+        rate = loader_rate(data, cfg.teacher.batch_size, cfg.seed, workers, args.batches)
+        ratios = ", ".join(f"{rate / v:.1f}x {s}" for s, v in steps.items() if v)
+        print(f"loader alone, {workers} worker(s): {rate:.0f} images/s ({ratios})")
+
+
+if __name__ == "__main__":
+    main()
