@@ -126,6 +126,8 @@ def textbook_kd(cfg, data, teacher, student, epochs):
 def speed(args, work):
     """Interleaved: the distill stage with the view cache (its wall time, cache build included) and the textbook
     loop, for the same number of epochs."""
+    if args.speed_epochs is None:
+        args.speed_epochs = load_config(args.config, args.set).distill.epochs
     cfg = load_config(args.config, [*args.set, f"distill.epochs={args.speed_epochs}"])
     teacher_dir = os.path.join(work, "teacher")
     if not os.path.isdir(teacher_dir):
@@ -177,7 +179,9 @@ def main():
                         help="train only the --method mixes (not the config's mix and its student-alone baseline)")
     parser.add_argument("--skip-results", action="store_true")
     parser.add_argument("--speed", action="store_true")
-    parser.add_argument("--speed-epochs", type=int, default=10)
+    parser.add_argument("--speed-epochs", type=int, default=None,
+                        help="epochs of both loops (default: the config's distill.epochs - the view cache pays off "
+                             "over many epochs per view, so a short comparison understates it)")
     parser.add_argument("--speed-rounds", type=int, default=2)
     parser.add_argument("--speed-seeds", action="store_true")
     parser.add_argument("--work", default=None, help="keep the runs here (default: a temporary folder)")

@@ -4,7 +4,9 @@ interleaved in rounds on the run's own validation images), accuracy, and which l
     python benchmarks/bench_int8.py artifacts/default artifacts/cifar10 ...
 
 Each RUN_DIR must have completed the export stage. Accuracy and float layers come from its export.json and
-qat metrics (the whole validation set); latencies are measured now.
+qat metrics (the whole validation set); latencies are measured now. With --reference N, onnx's own reference
+evaluator (a second, independent ONNX implementation) also runs both files on N validation images and the top-1
+agreement with onnxruntime is reported.
 """
 
 import argparse
@@ -20,7 +22,7 @@ from compress.config import load_config  # noqa: E402
 from compress.data import load_data  # noqa: E402
 
 
-def measure(run, rounds):
+def measure(run, rounds, reference=0):
     export = json.load(open(os.path.join(run, "export", "export.json")))
     manifest = json.load(open(os.path.join(run, "manifest.json")))["stages"]
     cfg = load_config(os.path.join(run, "config.yaml"))
@@ -38,6 +40,16 @@ def measure(run, rounds):
             models = {k: deploy.OnnxModel(p, threads=threads, require_metadata=False) for k, p in paths.items()}
             t = deploy.compare_latency(models, x, rounds=rounds)
             row["latency"][f"b{batch}_t{threads}"] = {k: round(v["min_ms"], 3) for k, v in t.items()}
+    if reference:
+        import onnx
+        from onnx.reference import ReferenceEvaluator
+
+        x = data.val.batch(range(min(reference, len(data.val)))).x.numpy()
+        row["reference_agreement"] = {}
+        for k, p in paths.items():
+            ref = ReferenceEvaluator(onnx.load(p)).run(None, {"input": x})[0]
+            ort = deploy.OnnxModel(p, require_metadata=False)(x)
+            row["reference_agreement"][k] = {"images": len(x), "top1": float((ref.argmax(1) == ort.argmax(1)).mean())}
     return row
 
 
@@ -45,9 +57,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--reference", type=int, default=0, metavar="N",
+                        help="also run both files in onnx's reference evaluator on N validation images")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    rows = [measure(run, args.rounds) for run in args.runs]
+    rows = [measure(run, args.rounds, args.reference) for run in args.runs]
     print("| student (run) | input | size fp32 -> int8 | b1 1t ms | b1 2t ms | b64 1t ms | b64 2t ms | "
           "accuracy fp32 -> int8 | float layers |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -58,6 +72,10 @@ def main():
         print(f"| {r['model']} ({r['run']}) | {r['input']} | {r['fp32_bytes'] / 1e3:.0f} KB -> "
               f"{r['int8_bytes'] / 1e3:.0f} KB ({r['int8_bytes'] / r['fp32_bytes']:.2f}x) | " + " | ".join(cells) +
               f" | {r['fp32_acc']:.2f}% -> {r['int8_acc']:.2f}% | {', '.join(r['float_layers']) or 'none'} |")
+    for r in rows:
+        if "reference_agreement" in r:
+            print(f"{r['model']} ({r['run']}): onnx reference evaluator vs onnxruntime, top-1 agreement "
+                  + ", ".join(f"{k} {v['top1']:.1%} of {v['images']}" for k, v in r["reference_agreement"].items()))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=2)

@@ -13,8 +13,8 @@ config and global batch: wall time and images/s per stage from the manifest; and
 worker (`ddp_step.py`), each stage's model timed with DDP's gradient all-reduce and without (`no_sync`), giving
 the share of a step spent communicating.
 
-    python benchmarks/bench_train.py                                # deep_cnn and resnet18 on mnist5k, part 2
-    python benchmarks/bench_train.py --models deep_cnn --steps 40 --skip-processes
+    python benchmarks/bench_train.py                                # resnet14 and resnet18, mnist5k; part 2
+    python benchmarks/bench_train.py --models resnet14 --steps 40 --skip-processes
 """
 
 import argparse
@@ -149,7 +149,7 @@ def comm_share(steps):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="deep_cnn,resnet18")
+    parser.add_argument("--models", default="resnet14,resnet18")
     parser.add_argument("--steps", type=int, default=60, help="training steps per loop and round")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--config", default=None, help="config for both parts (default: the built-in default)")

@@ -1,4 +1,4 @@
-"""A torchrun worker for bench_train.py: each stage's model (teacher deep_cnn, student compact_cnn, the student
+"""A torchrun worker for bench_train.py: each stage's model (teacher resnet14, student compact_cnn, the student
 prepared for QAT) trained for N steps under DDP with gradient all-reduce, and N steps without it
 (`no_sync`), same batch; prints JSON [{model, sync_ms, no_sync_ms, share}] on rank 0.
 
@@ -46,7 +46,7 @@ def main():
     torch.manual_seed(0)
     x, y = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
     rows = []
-    for label, name, qat in (("teacher deep_cnn", "deep_cnn", False), ("student compact_cnn", "compact_cnn", False),
+    for label, name, qat in (("teacher resnet14", "resnet14", False), ("student compact_cnn", "compact_cnn", False),
                              ("qat compact_cnn", "compact_cnn", True)):
         model = build_model(name, (1, 28, 28), 10)
         if qat:
