@@ -286,7 +286,7 @@ class ExportConfig:
     fp32_max_abs_diff: float = _f(1e-3, "fail if fp32 ONNX logits differ from PyTorch by more than this")
     fp32_min_agreement: float = _f(1.0, "fail if fp32 ONNX top-1 agrees with PyTorch on less than this share")
     int8_min_agreement: float = _f(0.99, "fail if int8 ONNX top-1 agrees with PyTorch int8 on less than this share "
-                                    "(a pick within 2 steps of the int8 logits' quantization counts as a tie)")
+                                    "(a pick within 2 steps of the logits' 8-bit resolution counts as a tie)")
     latency_batch_sizes: tuple[int, ...] = _f((1, 64), "batch sizes for the latency table")
     latency_repeats: int = _f(30, "timed runs per latency cell (median reported)")
     latency_warmup: int = _f(5, "untimed runs before timing")
