@@ -161,7 +161,7 @@ class OptimConfig:
              f"epochs: must be between {min_epochs} and 100000, got {self.epochs}"),
             (outside(self.batch_size, 1, MAX_BATCH),
              f"batch_size: must be between 1 and {MAX_BATCH}, got {self.batch_size}"),
-            (not 0 < self.lr <= 1e4, f"lr: must be > 0, got {self.lr}"),
+            (not 0 < self.lr <= 1e4, f"lr: must be in (0, 10000], got {self.lr}"),
             (not 0 <= self.momentum < 1, f"momentum: must be in [0, 1), got {self.momentum}"),
             (outside(self.weight_decay, 0, 10), f"weight_decay: must be between 0 and 10, got {self.weight_decay}"),
             (outside(self.step_size, 1, 100_000), f"step_size: must be >= 1, got {self.step_size}"),
@@ -200,7 +200,7 @@ class KDConfig:
 
     def __post_init__(self):
         problems_if([(outside(self.weight, 0, 1e6), f"weight: must be >= 0, got {self.weight}"),
-                     (not 0 < self.temperature <= 1000, f"temperature: must be > 0, got {self.temperature}")])
+                     (not 0 < self.temperature <= 1000, f"temperature: must be in (0, 1000], got {self.temperature}")])
 
 
 @dataclass(frozen=True)
@@ -299,7 +299,8 @@ class ExportConfig:
             (not 13 <= self.opset <= 21, f"opset: must be between 13 and 21, got {self.opset}"),
             (not 0 <= self.min_int8_speedup <= 100,
              f"min_int8_speedup: must be between 0 and 100, got {self.min_int8_speedup}"),
-            (not 0 < self.fp32_max_abs_diff <= 1e6, f"fp32_max_abs_diff: must be > 0, got {self.fp32_max_abs_diff}"),
+            (not 0 < self.fp32_max_abs_diff <= 1e6,
+             f"fp32_max_abs_diff: must be in (0, 1e6], got {self.fp32_max_abs_diff}"),
             (not 0 <= self.fp32_min_agreement <= 1,
              f"fp32_min_agreement: must be in [0, 1], got {self.fp32_min_agreement}"),
             (not 0 <= self.int8_min_agreement <= 1,

@@ -155,8 +155,17 @@ def train_one_epoch(model, loader, optimizer, loss_fn, *, env, epoch, schedule, 
         for group in optimizer.param_groups:
             group["lr"] = schedule.lr_at(epoch * steps_per_epoch + step)
         batch = Batch(precision.inputs(batch.x, env.device), batch.y.to(env.device, non_blocking=True), *batch[2:])
-        with precision.autocast():
-            loss, parts = loss_fn(batch)
+        try:
+            with precision.autocast():
+                loss, parts = loss_fn(batch)
+        except RuntimeError:
+            # The previous update left a weight non-finite and the forward failed on it before the loss could
+            # (a fake-quant observer cannot place a zero point in a NaN range). Replicas hold the same
+            # weights, so every rank fails here together.
+            if all(torch.isfinite(p).all() for p in model.parameters()):
+                raise
+            bar.close()
+            dist.raise_on_main(env, StageFailed(_diverged(name, "the weights became non-finite", epoch, step)))
         value = loss.item()
         stop = _agree_on_step(env, bar, name, epoch, step, value)
         optimizer.zero_grad(set_to_none=True)
@@ -187,10 +196,13 @@ def _agree_on_step(env, bar, name, epoch, step, value):
     bad, stop = (bool(v) for v in dist.all_reduce(env, local, op="max").tolist())
     if bad:
         bar.close()
-        dist.raise_on_main(env, StageFailed(
-            f"{name}: the loss became {value} at epoch {epoch + 1}, step {step + 1}; the last resume checkpoint "
-            f"is kept - lower {name}.lr and rerun (or --force to start over)"))
+        dist.raise_on_main(env, StageFailed(_diverged(name, f"the loss became {value}", epoch, step)))
     return stop
+
+
+def _diverged(name, what, epoch, step):
+    return (f"{name}: {what} at epoch {epoch + 1}, step {step + 1}; the last resume checkpoint is kept - lower "
+            f"{name}.lr and rerun (or --force to start over)")
 
 
 def reduce_sums(env, sums):

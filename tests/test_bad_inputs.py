@@ -111,7 +111,8 @@ CASES = {
         lambda r, t: ["run", "-c", t / "c.yaml", "--run-dir", r], "teacher.batch_size: expected a whole number"),
     "config: out of range": (
         lambda r, t: write(t / "c.yaml", "distill:\n  kd:\n    temperature: 0\n"),
-        lambda r, t: ["run", "-c", t / "c.yaml", "--run-dir", r], "distill.kd.temperature: must be > 0"),
+        lambda r, t: ["run", "-c", t / "c.yaml", "--run-dir", r],
+        "distill.kd.temperature: must be in (0, 1000], got 0.0"),
     "config: YAML syntax": (
         lambda r, t: write(t / "c.yaml", "teacher: [epochs\n"),
         lambda r, t: ["run", "-c", t / "c.yaml", "--run-dir", r], "YAML syntax error at line"),
@@ -296,12 +297,18 @@ CASES = {
     # a stage that runs and fails its own check: exit 1, outputs kept for inspection
     "qat: accuracy budget exceeded": (
         lambda r, t: None,
-        lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.optimizer=sgd", "--set", "qat.lr=50",
+        lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.optimizer=sgd", "--set", "qat.lr=3",
                       "--set", "qat.max_accuracy_drop=1"],
         "over the budget qat.max_accuracy_drop=1.0"),
+    # a learning rate that blows the weights up: whether the loss turns NaN first or a fake-quant observer meets
+    # the non-finite weights first, the stage fails with the same advice
+    "qat: training diverges": (
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.optimizer=sgd", "--set", "qat.lr=50"],
+        "the last resume checkpoint is kept - lower qat.lr and rerun"),
 }
-EXIT_CODES = {"qat: accuracy budget exceeded": 1}
-CHANGES_FILES = {"qat: accuracy budget exceeded"}  # a failed check keeps what it wrote, to be inspected
+EXIT_CODES = {"qat: accuracy budget exceeded": 1, "qat: training diverges": 1}
+CHANGES_FILES = {"qat: accuracy budget exceeded", "qat: training diverges"}  # a failed run keeps its files
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

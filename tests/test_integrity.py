@@ -167,3 +167,30 @@ def test_a_damaged_export_report_does_not_block_other_stages(run_copy):
     result = invoke("run", "--run-dir", run_copy, "--stages", "teacher")
     assert result.exit_code == 0, result.output
     assert "export: no rows - its files are damaged (KeyError" in (run_copy / "report.md").read_text()
+
+
+def test_weights_blown_up_by_a_step_fail_the_stage_with_advice_not_an_exception():
+    """A huge learning rate can leave weights non-finite after an update whose loss was still finite; the next
+    forward of a QAT model then fails inside a fake-quant observer (no zero point fits a NaN range) before any
+    loss exists. That is divergence, and the stage says so in one line."""
+    import torch
+    import torch.nn.functional as F
+
+    from compress import quant
+    from compress.data import Batch
+    from compress.dist import DistEnv
+    from compress.errors import StageFailed
+    from compress.models import build_model
+    from compress.train import Schedule, train_one_epoch
+
+    torch.manual_seed(0)
+    example = torch.randn(4, 1, 8, 8)
+    prepared = quant.prepare(build_model("compact_cnn", (1, 8, 8), 10), example)
+    with torch.no_grad():
+        next(p for p in prepared.parameters() if p.dim() == 4)[0, 0, 0, 0] = float("nan")
+    batches = [Batch(example, torch.arange(4), torch.arange(4), torch.full((4,), -1))]
+    optimizer = torch.optim.SGD(prepared.parameters(), lr=0.1)
+    with pytest.raises(StageFailed, match="qat: the weights became non-finite at epoch 1, step 1; .* lower qat.lr"):
+        train_one_epoch(prepared, batches, optimizer, lambda b: (F.cross_entropy(prepared(b.x), b.y), {}),
+                        env=DistEnv(), epoch=0, schedule=Schedule("flat", 0.1, 1, 1), seed_key=(0, "qat", 0),
+                        name="qat")

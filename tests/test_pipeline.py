@@ -89,7 +89,7 @@ def test_resolved_config_is_written_and_reused(run_copy):
 
 def test_qat_accuracy_budget_fails_the_stage_and_keeps_its_outputs(run_copy):
     result = invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.optimizer=sgd",
-                    "--set", "qat.lr=50", "--set", "qat.max_accuracy_drop=1")
+                    "--set", "qat.lr=3", "--set", "qat.max_accuracy_drop=1")
     assert result.exit_code == 1, result.output
     assert "over the budget qat.max_accuracy_drop=1.0" in result.stderr and "Traceback" not in result.output
     assert (run_copy / "qat" / "qat.safetensors").is_file()
