@@ -11,6 +11,7 @@ empty, new, or already a compress run.
 
 import datetime
 import errno
+import importlib.metadata
 import json
 import os
 import platform
@@ -243,14 +244,19 @@ def now():
 
 
 def versions():
+    """The versions of the packages a run depends on, read from the installed distributions' metadata: importing
+    them to ask would cost every stage torchvision's import (~2 s, it pulls in torch._dynamo)."""
     import torch
 
     found = {"python": platform.python_version(), "torch": torch.__version__}
-    for name in ("torchvision", "onnx", "onnxruntime", "safetensors"):
-        try:
-            found[name] = __import__(name).__version__
-        except ImportError:
-            pass
+    for name, distributions in (("torchvision", ("torchvision",)), ("onnx", ("onnx",)),
+                                ("onnxruntime", ("onnxruntime", "onnxruntime-gpu")), ("safetensors", ("safetensors",))):
+        for distribution in distributions:
+            try:
+                found[name] = importlib.metadata.version(distribution)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
     from compress import __version__
     found["compress"] = __version__
     return found
