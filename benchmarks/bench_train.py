@@ -6,7 +6,9 @@ batch, data and torch threads, trained for the same number of steps by
   - compress: `compress.train.train_one_epoch` fed by compress's loader (whole batches sliced from uint8
     tensors, per-step LR schedule, RNG re-seeding, the per-step stop/NaN agreement), as the teacher stage runs;
   - the textbook loop: `DataLoader(TensorDataset(x, y), batch_size, shuffle=True)` over the same normalised
-    tensors, `zero_grad / cross_entropy / backward / step`.
+    tensors, `zero_grad / cross_entropy / backward / step`;
+  - the textbook loop with the model and each batch in channels-last, as compress trains: this column says how
+    much of compress's lead is the memory layout (anyone can add it) and how much is the rest of the loop.
 
 Part 2 (1 vs 2 processes): `compress run --stages teacher,distill,qat` with --nproc-per-node 1 and 2 on the same
 config and global batch: wall time and images/s per stage from the manifest; and, in a 2-process torchrun
@@ -36,7 +38,7 @@ from compress.config import load_config  # noqa: E402
 from compress.data import load_data, train_loader  # noqa: E402
 from compress.dist import DistEnv  # noqa: E402
 from compress.models import build_model  # noqa: E402
-from compress.train import Schedule, build_optimizer, train_one_epoch  # noqa: E402
+from compress.train import Precision, Schedule, build_optimizer, train_one_epoch  # noqa: E402
 
 
 class Steps(torch.utils.data.Sampler):
@@ -65,17 +67,19 @@ def compress_loop(model, data, cfg, steps, epoch):
     loader = torch.utils.data.DataLoader(data.train, sampler=Steps(loader.sampler, steps), batch_size=None)
     loader.sampler.set_epoch(epoch)
     schedule = Schedule.from_config(cfg.teacher, loader.sampler.batches_per_epoch)
+    precision = Precision.for_run(cfg.train.precision, torch.device("cpu")).place([model], data.train.batch([0]).x)
 
     def loss_fn(batch):
         return F.cross_entropy(model(batch.x), batch.y), {}
 
     start = time.perf_counter()
     sums = train_one_epoch(model, loader, optimizer, loss_fn, env=DistEnv(), epoch=epoch, schedule=schedule,
-                           seed_key=(cfg.seed, "teacher", 0), name="teacher")
+                           seed_key=(cfg.seed, "teacher", 0), name="teacher", precision=precision)
     return sums["images"] / (time.perf_counter() - start)
 
 
-def textbook_loop(model, tensors, cfg, steps):
+def textbook_loop(model, tensors, cfg, steps, memory_format=torch.contiguous_format):
+    model.to(memory_format=memory_format)
     optimizer = build_optimizer(model.parameters(), cfg.teacher)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*tensors), batch_size=cfg.teacher.batch_size,
                                          shuffle=True)
@@ -85,7 +89,7 @@ def textbook_loop(model, tensors, cfg, steps):
         if step >= steps:
             break
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(model(x.contiguous(memory_format=memory_format)), y)
         loss.backward()
         optimizer.step()
         loss.item()
@@ -99,19 +103,22 @@ def side_by_side(name, cfg, steps, rounds):
     tensors = (everything.x, everything.y)
     torch.manual_seed(0)
     initial = build_model(name, data.input_shape, data.num_classes).state_dict()
-    results = {"compress": [], "textbook": []}
+    loops = ("compress", "textbook", "textbook_cl")
+    results = {loop: [] for loop in loops}
     for r in range(rounds):
-        for loop in (("compress", "textbook") if r % 2 == 0 else ("textbook", "compress")):
+        for loop in (loops if r % 2 == 0 else loops[::-1]):
             model = build_model(name, data.input_shape, data.num_classes)
             model.load_state_dict(initial)
             rate = (compress_loop(model, data, cfg, steps, r) if loop == "compress"
-                    else textbook_loop(model, tensors, cfg, steps))
+                    else textbook_loop(model, tensors, cfg, steps,
+                                       torch.channels_last if loop == "textbook_cl" else torch.contiguous_format))
             results[loop].append(rate)
-            print(f"  {name} round {r + 1} {loop:9s} {rate:8.1f} images/s", flush=True)
+            print(f"  {name} round {r + 1} {loop:11s} {rate:8.1f} images/s", flush=True)
     med = {k: statistics.median(v) for k, v in results.items()}
     return {"model": name, "steps": steps, "batch": cfg.teacher.batch_size, "threads": torch.get_num_threads(),
             "compress": round(med["compress"], 1), "textbook": round(med["textbook"], 1),
-            "ratio": round(med["compress"] / med["textbook"], 3),
+            "textbook_cl": round(med["textbook_cl"], 1), "ratio": round(med["compress"] / med["textbook"], 3),
+            "ratio_cl": round(med["compress"] / med["textbook_cl"], 3),
             "rounds": {k: [round(x, 1) for x in v] for k, v in results.items()}}
 
 
@@ -170,10 +177,11 @@ def main():
         results["processes"] = processes(args.config, args.set)
         print("communication share of a DDP step (2 processes, gloo)", flush=True)
         results["comm"] = comm_share(40)
-    print("\n| model | steps x batch | compress images/s | textbook images/s | ratio |\n|---|---:|---:|---:|---:|")
+    print("\n| model | steps x batch | compress images/s | textbook images/s | ratio | textbook, channels-last | "
+          "ratio |\n|---|---:|---:|---:|---:|---:|---:|")
     for r in results["loops"]:
         print(f"| {r['model']} | {r['steps']} x {r['batch']} | {r['compress']:.0f} | {r['textbook']:.0f} | "
-              f"{r['ratio']:.2f}x |")
+              f"{r['ratio']:.2f}x | {r['textbook_cl']:.0f} | {r['ratio_cl']:.2f}x |")
     if results["processes"]:
         print("\n| stage | 1 process: s, images/s | 2 processes: s, images/s |\n|---|---:|---:|")
         for s in ("teacher", "distill", "qat"):

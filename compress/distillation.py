@@ -84,10 +84,12 @@ def cache_bytes(teacher, dataset, views):
 
 
 @torch.no_grad()
-def build_cache(teacher, dataset, env, batch_size, views=0):
+def build_cache(teacher, dataset, env, batch_size, views=0, inputs=None):
     """Run the teacher once over every training sample (views=0: the un-augmented images; views=K: each image's
     K fixed augmented views, exactly as the student will see them), each rank a strided share of the
-    (view, sample) pairs in fixed chunks, then all-gathered. Deterministic: a resumed run rebuilds the same."""
+    (view, sample) pairs in fixed chunks, then all-gathered. Deterministic: a resumed run rebuilds the same.
+    `inputs` places a batch on the device in the training's memory format (default: `.to(env.device)`)."""
+    inputs = inputs or (lambda x: x.to(env.device))
     n = len(dataset)
     pairs = list(range(n * max(views, 1)))  # pair p = view * n + sample
     mine = pairs[env.rank::env.world]
@@ -96,7 +98,7 @@ def build_cache(teacher, dataset, env, batch_size, views=0):
         chunk = mine[start:start + batch_size]
         samples = [p % n for p in chunk]
         batch = dataset.batch(samples, views=[p // n for p in chunk]) if views else dataset.batch(samples)
-        for key, value in teacher(batch.x.to(env.device)).items():
+        for key, value in teacher(inputs(batch.x)).items():
             parts.setdefault(key, []).append(value.float().cpu())
     shard = {k: torch.cat(v) for k, v in parts.items()}
     if not env.distributed:

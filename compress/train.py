@@ -74,39 +74,68 @@ def seed_step(seed, stage, epoch, step, rank):
 
 
 class Precision:
-    """fp32, or autocast (bf16, or fp16 with a gradient scaler), with channels-last tensors on CUDA. A plain
+    """fp32, or autocast (bf16, or fp16 with a gradient scaler), in a memory format: channels-last for the
+    teacher and distill stages (`for_run`), the default layout for QAT and anything else (`FP32`). A plain
     value the loop is given; `for_run` picks it from train.precision."""
 
-    def __init__(self, dtype=None, device_type="cpu"):
-        self.dtype, self.device_type = dtype, device_type
+    def __init__(self, dtype=None, device_type="cpu", memory_format=torch.contiguous_format):
+        self.dtype, self.device_type, self.memory_format = dtype, device_type, memory_format
         self.scaler = torch.amp.GradScaler(device_type) if dtype == torch.float16 else None
-        self.memory_format = torch.channels_last if device_type == "cuda" else torch.contiguous_format
 
     @classmethod
     def for_run(cls, choice, device):
-        """auto: bf16 on CUDA (fp16 + gradient scaling where bf16 is missing), fp32 on the CPU."""
+        """auto: bf16 on CUDA (fp16 + gradient scaling where bf16 is missing), fp32 on the CPU. Channels-last
+        either way: convolutions train 1.05-1.6x faster in it on the CPU (BENCHMARKS.md), and tensor cores want
+        it on CUDA."""
         if choice == "auto":
             if device.type != "cuda":
-                return cls()
+                return cls(None, device.type, torch.channels_last)
             choice = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
         if choice == "fp16" and device.type != "cuda":
             from compress.errors import InputError
 
             raise InputError("train.precision=fp16 needs a CUDA device; use auto, fp32 or bf16 on the CPU")
-        return cls({"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[choice], device.type)
+        return cls({"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[choice], device.type,
+                   torch.channels_last)
 
     @property
     def name(self):
         return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
+
+    @property
+    def layout(self):
+        return "channels_last" if self.memory_format == torch.channels_last else "contiguous"
 
     def autocast(self):
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
-    def place(self, model):
-        """The model in this precision's memory format (channels-last on CUDA)."""
-        return model.to(memory_format=self.memory_format) if self.device_type == "cuda" else model
+    def place(self, models, example):
+        """Put the models (in place) into this precision's memory format, and return the precision to train
+        them with. A forward that cannot take channels-last tensors (a model of the user's that calls
+        `x.view(n, -1)` on a feature map) is found here, on one example batch in eval mode, before anything is
+        written: then every model stays in the default layout, which computes the same function."""
+        if self.memory_format == torch.contiguous_format:
+            return self
+        for model in models:
+            model.to(memory_format=self.memory_format)
+        device = next((p.device for m in models for p in m.parameters()), torch.device("cpu"))
+        modes = [m.training for m in models]
+        try:
+            with torch.no_grad(), self.autocast():
+                for model in models:
+                    model.eval()(self.inputs(example, device))
+        except RuntimeError as e:
+            log.info("%s does not run on channels-last tensors (%s); training in the default memory layout",
+                     type(model).__name__, str(e).splitlines()[0] if str(e) else "RuntimeError")
+            for m in models:
+                m.to(memory_format=torch.contiguous_format)
+            return Precision(self.dtype, self.device_type)
+        finally:
+            for m, mode in zip(models, modes):
+                m.train(mode)
+        return self
 
     def inputs(self, x, device):
         return x.to(device, non_blocking=True, memory_format=self.memory_format) if x.dim() == 4 else x.to(device)

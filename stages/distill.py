@@ -108,7 +108,9 @@ def run(ctx):
                             hint_layer=d.hint.teacher_layer if d.hint.weight else None)
     student = build_student(cfg, data, teacher)  # shapes probed on the CPU, then moved
     precision = ctx.precision()
-    student, teacher.model = (precision.place(m.to(env.device)) for m in (student, teacher.model))
+    for model in (student, teacher.model):
+        model.to(env.device)
+    precision = precision.place([student, teacher.model], data.train.batch([0]).x)
     loader, val = ctx.loaders(data, d.batch_size, "distill.batch_size")
     ctx.begin()
     cache, cache_info = _teacher_outputs(ctx, teacher, data, precision)
@@ -132,7 +134,7 @@ def run(ctx):
     metrics = {"val_acc": final["val_acc"], "val_loss": final["val_loss"], "teacher_val_acc": teacher_acc,
                "params": count_parameters(student.student), "teacher_params": count_parameters(teacher.model),
                "images_per_s": final["images_per_s"], "epochs": len(history), "replicas_identical": True,
-               "precision": precision.name, "teacher_outputs": cache_info,
+               "precision": precision.name, "memory_format": precision.layout, "teacher_outputs": cache_info,
                "losses": [k for k, w in (("ce", d.ce_weight), ("kd", d.kd.weight), ("cosine", d.cosine.weight),
                                          ("hint", d.hint.weight)) if w]}
     summary = f"student {cfg.model.student}: val acc {final['val_acc']:.2f}% (teacher {teacher_acc:.2f}%)"
@@ -159,7 +161,8 @@ def _teacher_outputs(ctx, teacher, data, precision):
         return None, {"mode": "teacher on every batch (cache over distill.cache_mb)"}
     start = time.perf_counter()
     with precision.autocast():
-        cache = build_cache(teacher, data.train, env, d.batch_size, views)
+        cache = build_cache(teacher, data.train, env, d.batch_size, views,
+                            inputs=lambda x: precision.inputs(x, env.device))
     seconds = time.perf_counter() - start
     what = f"{views} fixed augmented views of each of" if views else "each of the"
     if env.is_main:
@@ -173,7 +176,8 @@ def _train_baseline(ctx, data, val, precision):
     """The same student trained alone - cross-entropy only, same initialisation, schedule, seed and data order,
     augmented afresh every epoch as plain training would be - so the run states what distillation gained."""
     cfg, env, d = ctx.cfg, ctx.env, ctx.cfg.distill
-    model = precision.place(new_student(cfg, data).to(env.device))
+    model = new_student(cfg, data).to(env.device)
+    precision = precision.place([model], data.train.batch([0]).x)
     ddp_model = dist.wrap_ddp(model, env)
     plain = copy.copy(data.train)
     plain.augment = dataclasses.replace(data.train.augment, views=0)

@@ -43,7 +43,8 @@ def run(ctx):
     cfg, env = ctx.cfg, ctx.env
     data = load_data(cfg.data, cfg.seed)
     precision = ctx.precision()
-    model = precision.place(build_teacher(cfg, data).to(env.device))  # a wrong weights file fails here: nothing written
+    model = build_teacher(cfg, data).to(env.device)  # a wrong weights file fails here: nothing written
+    precision = precision.place([model], data.train.batch([0]).x)
     loader, val = ctx.loaders(data, cfg.teacher.batch_size, "teacher.batch_size")
     ctx.begin()
     if cfg.teacher.epochs == 0:
@@ -64,7 +65,7 @@ def run(ctx):
     final = history[-1]
     metrics = {"val_acc": final["val_acc"], "val_loss": final["val_loss"], "params": count_parameters(model),
                "images_per_s": final["images_per_s"], "epochs": len(history), "replicas_identical": True,
-               "precision": precision.name}
+               "precision": precision.name, "memory_format": precision.layout}
     return StageResult(metrics, list(OUTPUTS.values()), f"teacher {cfg.model.teacher}: val acc {final['val_acc']:.2f}%")
 
 

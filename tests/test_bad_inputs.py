@@ -304,7 +304,7 @@ CASES = {
     # the non-finite weights first, the stage fails with the same advice
     "qat: training diverges": (
         lambda r, t: None,
-        lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.optimizer=sgd", "--set", "qat.lr=50"],
+        lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.optimizer=sgd", "--set", "qat.lr=10000"],
         "the last resume checkpoint is kept - lower qat.lr and rerun"),
 }
 EXIT_CODES = {"qat: accuracy budget exceeded": 1, "qat: training diverges": 1}

@@ -140,3 +140,33 @@ def test_a_model_torch_fx_cannot_trace_fails_before_any_training(tmp_path, monke
     assert result.exit_code == 2
     assert "model.student: Branchy cannot be prepared for QAT by torch.fx" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_user_model_that_cannot_take_channels_last_tensors_trains_in_the_default_layout(tmp_path, monkeypatch,
+                                                                                          tiny_config):
+    # teacher and distill train in channels-last (faster convolutions); `.view` on a feature map cannot take it
+    (tmp_path / "viewy.py").write_text(textwrap.dedent("""\
+        import torch.nn as nn
+
+        class Viewy(nn.Module):
+            def __init__(self, num_classes, in_channels):
+                super().__init__()
+                self.conv = nn.Conv2d(in_channels, 4, 3, padding=1)
+                self.fc = nn.Linear(4 * 8 * 8, num_classes)
+
+            def forward(self, x):
+                x = self.conv(x).relu()
+                return self.fc(x.view(x.size(0), -1))
+
+        def build(num_classes, in_channels):
+            return Viewy(num_classes, in_channels)
+        """))
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher,distill",
+                    "--set", "model.student=viewy:build", "--set", "distill.hint.weight=0",
+                    "--set", "teacher.epochs=1", "--set", "distill.epochs=1")
+    assert result.exit_code == 0, result.output
+    stages = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]
+    assert stages["teacher"]["metrics"]["memory_format"] == "channels_last"
+    assert stages["distill"]["metrics"]["memory_format"] == "contiguous"
+    assert stages["distill"]["metrics"]["val_acc"] > 0
