@@ -49,14 +49,18 @@ def main():
     for label, name, qat in (("teacher resnet14", "resnet14", False), ("student compact_cnn", "compact_cnn", False),
                              ("qat compact_cnn", "compact_cnn", True)):
         model = build_model(name, (1, 28, 28), 10)
+        inputs = x
         if qat:
             model = quant.prepare(model, x[:2])
+        else:  # the teacher and distill stages train in channels-last; QAT in the default layout
+            model = model.to(memory_format=torch.channels_last)
+            inputs = x.contiguous(memory_format=torch.channels_last)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
         sync, no_sync = [], []
         for _ in range(3):  # interleaved
-            sync.append(time_steps(ddp, optimizer, x, y, args.steps // 3, True))
-            no_sync.append(time_steps(ddp, optimizer, x, y, args.steps // 3, False))
+            sync.append(time_steps(ddp, optimizer, inputs, y, args.steps // 3, True))
+            no_sync.append(time_steps(ddp, optimizer, inputs, y, args.steps // 3, False))
         s, n = statistics.median(sync), statistics.median(no_sync)
         rows.append({"model": label, "sync_ms": round(s, 2), "no_sync_ms": round(n, 2),
                      "share": round(max(0.0, (s - n) / s), 3)})

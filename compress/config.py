@@ -116,8 +116,8 @@ class TrainConfig:
 
     device: Literal["auto", "cpu", "cuda"] = _f("auto", "auto picks cuda when available (nccl), else cpu (gloo)")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _f(
-        "auto", "teacher and distill training: auto = bf16 autocast with channels-last on CUDA (fp16 with gradient "
-                "scaling where bf16 is missing), fp32 on the CPU; QAT always trains in fp32")
+        "auto", "teacher and distill training: auto = bf16 autocast on CUDA (fp16 with gradient scaling where bf16 "
+                "is missing), fp32 on the CPU; channels-last on both; QAT always trains in fp32")
     threads: Optional[int] = _f(None, "torch threads per process; default: CPU cores / processes on this node")
     eval_batch_size: int = _f(500, "batch size for evaluation")
     num_workers: int = _f(0, "DataLoader worker processes per training process (imagefolder decodes and augments in "

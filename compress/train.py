@@ -85,7 +85,7 @@ class Precision:
     @classmethod
     def for_run(cls, choice, device):
         """auto: bf16 on CUDA (fp16 + gradient scaling where bf16 is missing), fp32 on the CPU. Channels-last
-        either way: convolutions train 1.05-1.6x faster in it on the CPU (BENCHMARKS.md), and tensor cores want
+        either way: convolutions train 1.15-2x faster in it on the CPU (BENCHMARKS.md), and tensor cores want
         it on CUDA."""
         if choice == "auto":
             if device.type != "cuda":
