@@ -146,7 +146,7 @@ def speed(args, work):
     rows = {which: [] for which in order}
     n = len(data.train) * args.speed_epochs
     for r in range(args.speed_rounds):
-        for which in (order if r % 2 == 0 else order[::-1]):
+        for which in (order if (r + args.speed_first_round) % 2 == 0 else order[::-1]):
             if which.startswith("textbook loop"):
                 torch.manual_seed(cfg.seed)
                 student = build_model(cfg.model.student, data.input_shape, data.num_classes)
@@ -191,6 +191,9 @@ def main():
                         help="epochs of both loops (default: the config's distill.epochs - the view cache pays off "
                              "over many epochs per view, so a short comparison understates it)")
     parser.add_argument("--speed-rounds", type=int, default=2)
+    parser.add_argument("--speed-first-round", type=int, default=0,
+                        help="number the rounds from here (1: start with the reversed order, to add a round to an "
+                             "earlier one-round run)")
     parser.add_argument("--speed-seeds", action="store_true")
     parser.add_argument("--work", default=None, help="keep the runs here (default: a temporary folder)")
     parser.add_argument("--json", default=None)
