@@ -31,18 +31,27 @@ def test_kill_9_in_each_training_stage_then_resume_is_bit_identical(finished_run
     seed = random_seed("kill-9 moments")
     rng = random.Random(seed)
     moments = {stage: (rng.randrange(2), rng.randrange(STEPS_PER_EPOCH - 1)) for stage in FILES}
+    if all(epoch == 0 for epoch, _ in moments.values()):  # at least one kill must find a checkpoint to resume
+        moments["qat"] = (1, moments["qat"][1])
     where = f"COMPRESS_TEST_SEED={seed}: " + ", ".join(
         f"{s} epoch {e + 1} step {k + 1}" for s, (e, k) in moments.items())
     run = tmp_path / "killed"
     # checkpoint every 7 steps too, so some kills resume mid-epoch (train.* never changes results)
     base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher,distill,qat",
             "--set", "train.checkpoint_every=7"]
+    outputs = []
     for stage, (epoch, step) in moments.items():
         proc = fault_subprocess(*base, fault=f"{stage}:{epoch}:{step}")
         assert proc.returncode == -signal.SIGKILL, f"[{where}] {stage} was not killed: {proc.stderr[-2000:]}"
+        outputs.append(proc.stderr)
     proc = compress_subprocess(*base)
     assert proc.returncode == 0, proc.stderr
-    assert "resuming" in proc.stderr
+    outputs.append(proc.stderr)
+    # a kill in a stage's second epoch always finds the first epoch's checkpoint, so the next run resumes from it
+    # (a kill before the stage's first checkpoint restarts it, which must give the same weights too)
+    for i, (stage, (epoch, _)) in enumerate(moments.items()):
+        if epoch == 1:
+            assert f"{stage}: resuming" in outputs[i + 1], f"[{where}] {stage} did not resume: {outputs[i + 1]}"
     assert_identical(finished_run, run, FILES)
 
 
