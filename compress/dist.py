@@ -75,6 +75,7 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
         store = _attempt_store(world, timeout)
         if store is not None:
             kwargs.update(store=store, rank=rank, world_size=world)
+        _import_modules_that_bind_the_world_group()
         tdist.init_process_group(backend, timeout=timeout, **kwargs)
     env = DistEnv(rank, world, local_rank, local_world, device, backend)
     try:
@@ -85,12 +86,23 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
     _teardown(env, clean=True)
 
 
+def _import_modules_that_bind_the_world_group():
+    """torch.distributed.nn.functional binds `group.WORLD` as the default argument of its collectives when it
+    is first imported. DDP's constructor imports it (DDP -> torch._dynamo -> torch.distributed._shard), so
+    after init_process_group it would capture the live default group for the life of the interpreter:
+    destroy_process_group() could not free that group, and its gloo threads (two pt_gloo_runloop, one
+    gloo_tcp_loop) were still running in every worker while Python finalized - the state a worker can die in
+    after a complete stage ("terminate called without an active exception"). Imported before the group
+    exists, the default is None. tests/test_dist.py checks every worker's threads at exit."""
+    import torch.distributed.nn.functional  # noqa: F401  (about 3 ms)
+
+
 def _teardown(env, clean):
-    """Tear the process group down while the interpreter is fully alive, and - after a clean run - only once
-    every rank is done with it: a rank that destroyed its group and exited while a peer was still writing (the
-    report) or holding DDP state left that peer's gloo threads racing the interpreter's own shutdown. The
-    barrier makes all ranks leave together; collecting garbage first drops DDP reducers that still hold the
-    group, so destroying it really joins its threads now. After an error a peer may be gone: no barrier."""
+    """Tear the process group down while the interpreter is fully alive: destroy_process_group() drops the
+    last reference to the group, whose destructor joins its gloo threads here and now, not in the middle of
+    interpreter shutdown. After a clean run the barrier makes all ranks leave together, so no rank tears down
+    while a peer still writes (the report) or talks to it; garbage is collected first in case a DDP module,
+    which also holds the group, is left in a reference cycle. After an error a peer may be gone: no barrier."""
     if not (tdist.is_available() and tdist.is_initialized()):
         return
     if clean:

@@ -11,17 +11,24 @@ import torch
 from compress.checkpoint import read_weights
 from conftest import FAULTS, compress_subprocess
 
+CENSUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "thread_census")
+GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
+
 
 @pytest.fixture(scope="module")
 def ddp_run(tiny_config, tmp_path_factory):
+    """The whole pipeline in 2 processes; every worker lists its threads at exit (tests/thread_census)."""
     run = tmp_path_factory.mktemp("ddp") / "run"
-    proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--nproc-per-node", "2")
+    census = tmp_path_factory.mktemp("census")
+    pythonpath = os.pathsep.join(p for p in (CENSUS, os.environ.get("PYTHONPATH")) if p)
+    proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--nproc-per-node", "2",
+                               env={"PYTHONPATH": pythonpath, "THREAD_CENSUS_DIR": str(census)})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return run, proc.stderr
+    return run, proc.stderr, census
 
 
 def test_two_processes_run_the_pipeline_with_identical_replicas(finished_run, ddp_run):
-    run, stderr = ddp_run
+    run, stderr, _ = ddp_run
     manifest = json.loads((run / "manifest.json").read_text())["stages"]
     assert all(manifest[s]["world_size"] == 2 for s in ("teacher", "distill", "qat", "export"))
     # every parameter identical across ranks after training; after the freeze epochs, every observer,
@@ -41,10 +48,22 @@ def test_two_processes_run_the_pipeline_with_identical_replicas(finished_run, dd
         assert abs(manifest[stage]["metrics"][key] - single[stage]["metrics"][key]) < 6.0, stage
 
 
+def test_no_process_group_thread_is_left_running_when_a_worker_exits(ddp_run):
+    """A gloo group's threads still running at interpreter exit are what a worker can die of after a complete
+    stage ("terminate called without an active exception"). The census runs after every other exit handler,
+    so this is the state the interpreter finalizes in: the group must be gone by then, its threads joined."""
+    _, _, census = ddp_run
+    for rank in (0, 1):
+        lines = (census / f"rank{rank}.txt").read_text().splitlines()
+        assert len(lines) == 1, lines  # one worker per rank, no restart
+        left = [name for name in lines[0].split() if name in GLOO_THREADS]
+        assert not left, f"rank {rank} exits with the process group's threads still running: {lines[0]}"
+
+
 def test_a_lost_worker_restarts_the_group_which_resumes_identically(ddp_run, tiny_config, tmp_path):
     """kill -9 of rank 1 mid-epoch; --max-restarts 1 restarts both workers, which resume from the last
     checkpoint and end with the weights of the uninterrupted 2-process run."""
-    reference, _ = ddp_run
+    reference, _, _ = ddp_run
     run = tmp_path / "lost"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts",
