@@ -15,14 +15,27 @@ CENSUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "thread_census
 GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
 
 
+def _census_env(census):
+    """Environment under which every torchrun worker lists its threads at exit (tests/thread_census)."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (CENSUS, os.environ.get("PYTHONPATH")) if p),
+            "THREAD_CENSUS_DIR": str(census)}
+
+
+def _assert_no_group_thread_at_exit(census, ranks=(0, 1)):
+    for rank in ranks:
+        lines = (census / f"rank{rank}.txt").read_text().splitlines()
+        assert len(lines) == 1, lines  # one worker per rank, no restart
+        left = [name for name in lines[0].split() if name in GLOO_THREADS]
+        assert not left, f"rank {rank} exits with the process group's threads still running: {lines[0]}"
+
+
 @pytest.fixture(scope="module")
 def ddp_run(tiny_config, tmp_path_factory):
-    """The whole pipeline in 2 processes; every worker lists its threads at exit (tests/thread_census)."""
+    """The whole pipeline in 2 processes; every worker lists its threads at exit."""
     run = tmp_path_factory.mktemp("ddp") / "run"
     census = tmp_path_factory.mktemp("census")
-    pythonpath = os.pathsep.join(p for p in (CENSUS, os.environ.get("PYTHONPATH")) if p)
     proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--nproc-per-node", "2",
-                               env={"PYTHONPATH": pythonpath, "THREAD_CENSUS_DIR": str(census)})
+                               env=_census_env(census))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run, proc.stderr, census
 
@@ -52,12 +65,7 @@ def test_no_process_group_thread_is_left_running_when_a_worker_exits(ddp_run):
     """A gloo group's threads still running at interpreter exit are what a worker can die of after a complete
     stage ("terminate called without an active exception"). The census runs after every other exit handler,
     so this is the state the interpreter finalizes in: the group must be gone by then, its threads joined."""
-    _, _, census = ddp_run
-    for rank in (0, 1):
-        lines = (census / f"rank{rank}.txt").read_text().splitlines()
-        assert len(lines) == 1, lines  # one worker per rank, no restart
-        left = [name for name in lines[0].split() if name in GLOO_THREADS]
-        assert not left, f"rank {rank} exits with the process group's threads still running: {lines[0]}"
+    _assert_no_group_thread_at_exit(ddp_run[2])
 
 
 def test_a_lost_worker_restarts_the_group_which_resumes_identically(ddp_run, tiny_config, tmp_path):
@@ -102,6 +110,8 @@ def test_two_nodes_on_one_machine_train_as_one_group(tiny_config, tmp_path):
     """Two torchrun launchers ("nodes") on localhost, one process each, meeting through c10d rendezvous: the
     recipe for real nodes, with 127.0.0.1 standing in for the first node's address and a shared run dir."""
     run = tmp_path / "two-nodes"
+    census = tmp_path / "census"
+    census.mkdir()
     port = _free_port()
 
     def node(rank):
@@ -110,7 +120,8 @@ def test_two_nodes_on_one_machine_train_as_one_group(tiny_config, tmp_path):
              "--node-rank", str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
              "--rdzv-id", "compress-test", "-m", "compress", "run", "-c", tiny_config, "--run-dir", str(run),
              "--stages", "teacher,distill", "--set", "teacher.epochs=1", "--set", "distill.epochs=1"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **_census_env(census)})
 
     launchers = [node(0), node(1)]
     outputs = [p.communicate(timeout=600) for p in launchers]
@@ -126,3 +137,4 @@ def test_two_nodes_on_one_machine_train_as_one_group(tiny_config, tmp_path):
                      "distill/baseline/metrics.json", "distill/last/checkpoint.safetensors", "distill/metrics.json",
                      "distill/model.safetensors", "manifest.json", "report.json", "report.md", "report.png",
                      "teacher/last/checkpoint.safetensors", "teacher/metrics.json", "teacher/model.safetensors"]
+    _assert_no_group_thread_at_exit(census)  # each node's worker tore its group down
