@@ -11,9 +11,10 @@ exception") leaves the Python stack of every thread in the captured stderr.
 Each worker also lists its OS threads at interpreter exit (tests/thread_census/sitecustomize.py, after every
 other exit handler). A process group's gloo threads in that list (pt_gloo_runloop, gloo_tcp_loop) mean the
 group outlived destroy_process_group() and was still running while Python finalized: the state the crash
-needs. The script counts those runs too, so it measures the precondition even when the crash (1 run in 7 on
-a loaded machine when first seen; 0 in 98 since) does not show up. To measure another checkout (e.g. a git
-worktree of an older commit) with this script, run it from that checkout's root, with it on PYTHONPATH:
+needs. The script counts those runs too, so it measures the precondition even when the crash does not show
+up (1 run in 7 on a loaded machine when first seen; 0 in 148 loaded runs of older code since, BENCHMARKS.md).
+To measure another checkout (e.g. a git worktree of an older commit) with this script, run it from that
+checkout's root, with it on PYTHONPATH:
 
     cd /tmp/before && PYTHONPATH=$PWD python /path/to/compress/benchmarks/stress_teardown.py --runs 30
 """
