@@ -120,7 +120,7 @@ def read_json(path, what="file", limit=MAX_JSON_BYTES):
     data = read_bytes(path, what, limit)
     try:
         return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: brackets nested thousands deep
         raise InputError(f"{what} '{path}' is not valid JSON ({e.__class__.__name__}); restore it, or move it "
                          "away and rerun the stage that wrote it") from None
 

@@ -1,22 +1,28 @@
-"""The stages, in pipeline order. Each module has
+"""The stages, in pipeline order: the recipes of this project, one module each (teacher, distill, qat, export),
+each following the contract in `compress.run.contract` (NAME, CONFIG_KEYS, OUTPUTS, inputs, run, report_rows).
 
-    NAME, SUMMARY      its name (the same word everywhere) and one line for `compress stages`
-    CONFIG_KEYS        the config keys it depends on (a change reruns it)
-    OUTPUTS            {output name: run-relative path}: the only place its file paths are written down
-    RANK0_ONLY         whether it runs on rank 0 alone (export) or on every rank (the training stages)
-    inputs(cfg)        [compress.context.Input(stage, output, required)]: every file it reads from another stage
-    run(ctx)           -> StageResult
-    report_rows(entry, path)   its rows of the run report, read from its own OUTPUTS via `path(output)`
+Stages never import each other: they meet only through files in the run directory. `STAGES` imports a stage
+module on first use, so code that needs only the names (`ORDER`: the CLI's --help) does not import torch."""
 
-Stages never import each other: they meet only through files in the run directory."""
+import importlib
+from collections.abc import Mapping
 
-from stages import distill, export, qat, teacher
+ORDER = ("teacher", "distill", "qat", "export")
 
-STAGES = {
-    "teacher": teacher,
-    "distill": distill,
-    "qat": qat,
-    "export": export,
-}
 
-ORDER = tuple(STAGES)  # the canonical order
+class _Stages(Mapping):
+    """name -> stage module, in pipeline order."""
+
+    def __getitem__(self, name):
+        if name not in ORDER:
+            raise KeyError(name)
+        return importlib.import_module(f"stages.{name}")
+
+    def __iter__(self):
+        return iter(ORDER)
+
+    def __len__(self):
+        return len(ORDER)
+
+
+STAGES = _Stages()

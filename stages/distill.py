@@ -1,45 +1,43 @@
-"""distill: train the small student from the frozen teacher - any weighted mix of cross-entropy, Hinton KD
-on logits, cosine loss on hidden representations, and a FitNets hint through a trainable regressor."""
+"""distill: train the small student from the frozen teacher - a weighted mix of cross-entropy, a logit loss
+(Hinton KD, DKD, DIST or standardized KD), a cosine loss on hidden representations and a FitNets hint - on the
+labelled images and, when `data.unlabeled` is set, on unlabelled images the teacher labels. Then the same
+student is trained alone (cross-entropy, labelled images, the same views) so the report can say what
+distilling gained.
 
-import copy
-import dataclasses
+The student sees fixed augmented views of each image (one per epoch by default); the teacher's outputs for
+exactly those pixels come from the teacher-output store (`compress.distill.store`), built once and reused."""
+
 import logging
 import time
 
 import torch
-import torch.nn.functional as F
 
-from compress import dist
-from compress.checkpoint import save_weights
-from compress.context import File, Input, StageResult
-from compress.data import load_data, train_loader
-from compress.distillation import (
-    FrozenTeacher,
-    StudentWithRegressor,
-    build_cache,
-    cache_bytes,
-    probe_shapes,
-)
-from compress.losses import (
-    cosine_loss,
-    hint_loss,
-    kd_loss,
-    make_regressor,
-    reduce_width,
-)
-from compress.model_sources import load_pretrained
-from compress.models import build_model, count_parameters
-from compress.report import file_size
-from compress.train import build_optimizer, evaluate
+from compress.data.datasets import load_data
+from compress.data.sampling import train_loader
+from compress.distill.feature_losses import cosine_loss, hint_loss, make_regressor, reduce_width
+from compress.distill.logit_losses import logit_loss
+from compress.distill.store import StoreSpec, TeacherOutputStore, default_top_k
+from compress.distill.teacher import FrozenTeacher, StudentWithRegressor, feature_shapes
+from compress.models.registry import build_model, count_parameters
+from compress.models.weights import load_pretrained
+from compress.run.contract import File, Input, StageResult
+from compress.run.report import file_size
+from compress.training import distributed as dist
+from compress.training.checkpoint import save_weights
+from compress.training.loop import evaluate, fit
+from compress.training.losses import label_loss
+from compress.training.schedule import Schedule, build_optimizer
 
 log = logging.getLogger(__name__)
 
 NAME = "distill"
-SUMMARY = "train the small student from the frozen teacher (KD, cosine, hint)"
+SUMMARY = "train the small student from the frozen teacher (logit losses, cosine, hint; unlabelled images too)"
 CONFIG_KEYS = ("seed", "data", "model.teacher", "model.student", "model.student_weights", "distill")
 OUTPUTS = {"model": "distill/model.safetensors", "metrics": "distill/metrics.json",
            "baseline": "distill/baseline.safetensors", "baseline_metrics": "distill/baseline/metrics.json"}
+PARTS = ("", "baseline")
 RANK0_ONLY = False
+STORE_FOLDER = "distill/teacher_outputs"
 
 
 def inputs(cfg):
@@ -56,42 +54,61 @@ def new_student(cfg, data):
     return model
 
 
-def build_student(cfg, data, teacher):
-    """Student (+ hint regressor) wired to the teacher's layers; shapes are checked before any training."""
+def build_pair(cfg, data, teacher_model):
+    """(student with its hint regressor, frozen teacher), wired by layer name; the feature shapes are probed on
+    one example and checked before any training."""
     d = cfg.distill
-    student = StudentWithRegressor(new_student(cfg, data),
-                                   cosine_layer=d.cosine.student_layer if d.cosine.weight else None,
-                                   hint_layer=d.hint.student_layer if d.hint.weight else None)
-    example = data.val.batch([0, 1]).x
-    shapes = probe_shapes(student, teacher, example)
-    if d.cosine.weight:
-        width = shapes[("student", d.cosine.student_layer)]
-        teacher.cosine_width = int(torch.Size(width).numel())
-        reduce_width(torch.zeros(1, *shapes[("teacher", d.cosine.teacher_layer)]), teacher.cosine_width)
-    if d.hint.weight:
-        s_shape, t_shape = shapes[("student", d.hint.student_layer)], shapes[("teacher", d.hint.teacher_layer)]
-        student.add_regressor(make_regressor(d.hint.regressor, s_shape, t_shape))
-    return student
+    s_cos, s_hint = (d.cosine.student_layer if d.cosine.weight else None), (d.hint.student_layer if d.hint.weight
+                                                                            else None)
+    t_cos, t_hint = (d.cosine.teacher_layer if d.cosine.weight else None), (d.hint.teacher_layer if d.hint.weight
+                                                                            else None)
+    student_model = new_student(cfg, data)
+    shapes = feature_shapes(student_model, teacher_model, [n for n in (s_cos, s_hint) if n],
+                            [n for n in (t_cos, t_hint) if n], data.val.batch([0, 1]).x)
+    width, regressor = None, None
+    if t_cos:
+        width = int(torch.Size(shapes[("student", s_cos)]).numel())
+        reduce_width(torch.zeros(1, *shapes[("teacher", t_cos)]), width)  # a teacher narrower than the student
+    if t_hint:
+        regressor = make_regressor(d.hint.regressor, shapes[("student", s_hint)], shapes[("teacher", t_hint)])
+    return (StudentWithRegressor(student_model, s_cos, s_hint, regressor),
+            FrozenTeacher(teacher_model, t_cos, t_hint, width))
 
 
-def make_loss(cfg, ddp_student, teacher, cache, device):
-    """The weighted mix of CE, KD, cosine and hint; the teacher's outputs come from the cache (by sample and
-    view) or from running the frozen teacher on the very batch the student sees."""
-    d = cfg.distill
+def kd_target(batch, teacher_logits):
+    """The class DKD treats as the target: the label of the image's larger share (itself, or its mixing
+    partner), or the teacher's top class where that has no label."""
+    y = torch.where(batch.own >= 0.5, batch.y, batch.partner_y)
+    return torch.where(y >= 0, y, teacher_logits.argmax(1))
 
-    def loss_fn(batch):
-        x, y = batch.x, batch.y
-        logits, s_cosine, s_hint = ddp_student(x)
-        t = cache.lookup(batch.index, batch.view, device) if cache is not None else teacher(x)
+
+def make_loss(d, student, teacher, store, steps_per_epoch):
+    """loss_fn(batch, step) -> (total, {term: value}): the weighted sum of the terms whose weight is not 0. The
+    teacher's outputs come from the store (by sample and view) or from running the frozen teacher on the very
+    batch the student sees. DKD's weight rises linearly over its first distill.kd.dkd.warmup_epochs."""
+    kd = d.kd
+    params = {"dkd": {"alpha": kd.dkd.alpha, "beta": kd.dkd.beta},
+              "dist": {"beta": kd.dist.beta, "gamma": kd.dist.gamma}}.get(kd.method, {})
+    warmup = kd.dkd.warmup_epochs * steps_per_epoch if kd.method == "dkd" else 0
+    needs_teacher = bool(kd.weight or d.cosine.weight or d.hint.weight)
+
+    def loss_fn(batch, step):
+        logits, s_cosine, s_hint = student(batch.x)
+        t = None
+        if needs_teacher:
+            t = store.lookup(batch.index, batch.view, logits.device) if store is not None else teacher(batch.x)
         terms = {}
         if d.ce_weight:
-            terms["ce"] = (d.ce_weight, F.cross_entropy(logits, y, label_smoothing=d.label_smoothing))
-        if d.kd.weight:
-            terms["kd"] = (d.kd.weight, kd_loss(logits, t["logits"], d.kd.temperature))
+            terms["ce"] = (d.ce_weight, label_loss(logits, batch, d.label_smoothing))
+        if kd.weight:
+            ramp = min((step + 1) / warmup, 1.0) if warmup else 1.0
+            t_logits = t["logits"].float()
+            terms["kd"] = (kd.weight * ramp, logit_loss(kd.method, logits.float(), t_logits,
+                                                        kd_target(batch, t_logits), kd.resolved_temperature, params))
         if d.cosine.weight:
-            terms["cosine"] = (d.cosine.weight, cosine_loss(s_cosine, t["cosine"]))
+            terms["cosine"] = (d.cosine.weight, cosine_loss(s_cosine.float(), t["cosine"].float()))
         if d.hint.weight:
-            terms["hint"] = (d.hint.weight, hint_loss(s_hint, t["hint"]))
+            terms["hint"] = (d.hint.weight, hint_loss(s_hint.float(), t["hint"].float()))
         total = sum(w * value for w, value in terms.values())
         return total, {k: value.item() for k, (_, value) in terms.items()}
 
@@ -100,100 +117,132 @@ def make_loss(cfg, ddp_student, teacher, cache, device):
 
 def run(ctx):
     cfg, env, d = ctx.cfg, ctx.env, ctx.cfg.distill
-    data = load_data(cfg.data, cfg.seed)
-    augmented = data.train.augment.active
-    data.train.augment.views = d.views if augmented and d.cache_teacher else 0
-    teacher_model, _ = ctx.load_model(("teacher", "model"), cfg.model.teacher, data)
-    teacher = FrozenTeacher(teacher_model, cosine_layer=d.cosine.teacher_layer if d.cosine.weight else None,
-                            hint_layer=d.hint.teacher_layer if d.hint.weight else None)
-    student = build_student(cfg, data, teacher)  # shapes probed on the CPU, then moved
-    precision = ctx.precision()
+    data = load_data(cfg.data, cfg.seed, unlabeled=True)
+    augmented = data.train.augment.active or d.mix != "none"
+    labelled = data.train.with_augment(views=d.views_for(augmented), view_seed=d.view_seed, mix=d.mix,
+                                       mix_alpha=d.mix_alpha)
+    train_set = labelled.concat(data.unlabeled) if data.unlabeled is not None else labelled
+    teacher_model, _ = ctx.load_model("teacher", cfg.model.teacher, data)
+    student, teacher = build_pair(cfg, data, teacher_model)  # shapes probed on the CPU, then moved
     for model in (student, teacher.model):
         model.to(env.device)
-    precision = precision.place([student, teacher.model], data.train.batch([0]).x)
-    loader, val = ctx.loaders(data, d.batch_size, "distill.batch_size")
+    precision = ctx.precision().place([student, teacher.model], data.train.batch([0]).x)
+    loader, val = ctx.loaders(train_set, data.val, d.batch_size, "distill.batch_size")
+    store, plan = _plan_store(ctx, teacher, train_set, data, precision)
     ctx.begin()
-    cache, cache_info = _teacher_outputs(ctx, teacher, data, precision)
+    teacher_outputs = _fill_store(ctx, store, plan, teacher, train_set, precision)
     ddp_student = dist.wrap_ddp(student, env)
-    modules = {"student": student.student}
-    if student.regressor is not None:
-        modules["regressor"] = student.regressor
-    history = ctx.fit(ddp_student, modules=modules, optimizer=build_optimizer(student.parameters(), d), ocfg=d,
-                      loader=loader, loss_fn=make_loss(cfg, ddp_student, teacher, cache, env.device),
-                      evaluate_fn=lambda epoch: evaluate(student.student, val, env, precision), precision=precision)
-    mismatched = dist.replica_mismatches(env, student)
-    dist.fail_if(env, mismatched, f"distill: ranks disagree on {len(mismatched)} tensors after training "
-                 f"({', '.join(mismatched[:3])}); DDP went out of sync")
-    parent = ctx.input_sha256("teacher", "model")
+    modules = {"student": student.student, **({"regressor": student.regressor} if student.regressor else {})}
+    optimizer = build_optimizer(student.parameters(), d)
+    schedule = Schedule.from_config(d, loader.sampler.batches_per_epoch)
+    session = ctx.session(modules, optimizer, schedule.steps_per_epoch, d.epochs, precision=precision)
+    history = fit(ddp_student, make_loss(d, ddp_student, teacher, store, schedule.steps_per_epoch), optimizer, loader,
+                  schedule, lambda epoch: evaluate(student.student, val, env, precision), session)
+    replicas = dist.check_replicas(env, student, "distill")
     if env.is_main:
         save_weights(ctx.run.path(OUTPUTS["model"]), student.student,
-                     ctx.weights_metadata(cfg.model.student, data, parent=parent))
-    baseline = _train_baseline(ctx, data, val, precision) if d.baseline else None
+                     ctx.weights_metadata(cfg.model.student, data, parent=ctx.input_sha256("teacher", "model")))
+    baseline = _train_baseline(ctx, data, labelled, val, precision) if d.baseline else None
     teacher_acc = evaluate(teacher.model, val, env, precision)["val_acc"]
-    final = history[-1]
+    return _result(cfg, history[-1], baseline, teacher_acc, student, teacher, replicas, precision, teacher_outputs,
+                   labelled, len(train_set) - len(labelled))
+
+
+def _plan_store(ctx, teacher, train_set, data, precision):
+    """(store, plan) when the teacher's outputs are stored, else (None, why not). Checked before anything is
+    written: a store that would not fit on the disk is refused here, with the numbers."""
+    cfg, env, d = ctx.cfg, ctx.env, ctx.cfg.distill
+    if not d.store.enabled:
+        return None, "distill.store.enabled is false"
+    if d.hint.weight:
+        return None, ("the hint loss needs the teacher's feature maps, which the store does not keep (kilobytes per "
+                      "image)")
+    if not (d.kd.weight or d.cosine.weight):
+        return None, "no loss needs the teacher"
+    a = train_set.augment
+    spec = StoreSpec(
+        teacher_sha256=ctx.input_sha256("teacher", "model"), teacher_model=cfg.model.teacher,
+        data_fingerprint=train_set.fingerprint(), samples=len(train_set), views=a.views, classes=data.num_classes,
+        top_k=default_top_k(data.num_classes, d.store.top_k),
+        augment={"kind": a.kind, "flip": a.flip, "padding": a.padding, "scale": list(a.scale),
+                 "view_seed": a.view_seed, "mix": a.mix, "mix_alpha": a.mix_alpha},
+        precision=precision.name, cosine_layer=teacher.cosine_layer or "", cosine_width=teacher.cosine_width or 0)
+    store = TeacherOutputStore(ctx.run.path(STORE_FOLDER), spec)
+    plan = store.prepare(env)
+    dist.on_main(env, store.check_disk, plan["missing"])
+    return store, plan
+
+
+def _fill_store(ctx, store, plan, teacher, train_set, precision):
+    """Build what the store lacks (or nothing), open it, and return what it cost for the metrics."""
+    env, d = ctx.env, ctx.cfg.distill
+    if store is None:
+        if env.is_main:
+            log.info("distill: the teacher runs on every batch (%s)", plan)
+        return {"mode": "teacher on every batch", "why": plan}
+    s = store.spec
+    if env.is_main:
+        what = (f"{s.views} view(s) x {s.samples:,} images, {s.bytes_per_row()} bytes each "
+                f"({'all' if s.dense else f'top {s.top_k} of'} {s.classes} logits), {s.total_bytes() / 1e6:.1f} MB")
+        verb = {"reuse": "reusing", "resume": "resuming the build of", "build": "building",
+                "rebuild": "rebuilding"}[plan["status"]]
+        log.info("distill: teacher outputs: %s the store in %s: %s (%s)", verb, STORE_FOLDER, what, plan["reason"])
+    start = time.perf_counter()
+    if plan["missing"]:
+        store.build(teacher, train_set, env, d.batch_size, lambda x: precision.inputs(x, env.device),
+                    plan["missing"], precision.autocast)
+        if env.is_main:
+            log.info("distill: teacher outputs for %d chunk(s) computed in %.1fs", len(plan["missing"]),
+                     time.perf_counter() - start)
+    store.open()
+    return store.describe(plan, time.perf_counter() - start)
+
+
+def _train_baseline(ctx, data, labelled, val, precision):
+    """The same student trained alone - cross-entropy only, same initialisation, schedule, seed and augmented
+    views, on the labelled images only (it has no labels for the rest) - so the run states what distilling
+    gained."""
+    cfg, env, d = ctx.cfg, ctx.env, ctx.cfg.distill
+    model = new_student(cfg, data).to(env.device)
+    precision = precision.place([model], data.train.batch([0]).x)
+    ddp_model = dist.wrap_ddp(model, env)
+    loader = train_loader(labelled, dist.per_rank_batch(d.batch_size, env, "distill.batch_size"), env.rank, env.world,
+                          cfg.seed, cfg.train.num_workers, env.device.type == "cuda")
+    optimizer = build_optimizer(model.parameters(), d)
+    schedule = Schedule.from_config(d, loader.sampler.batches_per_epoch)
+    session = ctx.session({"student": model}, optimizer, schedule.steps_per_epoch, d.epochs, part="baseline",
+                          precision=precision)
+
+    def loss_fn(batch, step):
+        return label_loss(ddp_model(batch.x), batch, d.label_smoothing), {}
+
+    history = fit(ddp_model, loss_fn, optimizer, loader, schedule, lambda epoch: evaluate(model, val, env, precision),
+                  session)
+    if env.is_main:
+        save_weights(ctx.run.path(OUTPUTS["baseline"]), model,
+                     {**ctx.weights_metadata(cfg.model.student, data), "role": "baseline: trained alone, CE only"})
+    return history[-1]
+
+
+def _result(cfg, final, baseline, teacher_acc, student, teacher, replicas, precision, teacher_outputs, labelled,
+            unlabelled):  # noqa: PLR0913 - the figures the stage reports, gathered in one place
+    d = cfg.distill
     metrics = {"val_acc": final["val_acc"], "val_loss": final["val_loss"], "teacher_val_acc": teacher_acc,
                "params": count_parameters(student.student), "teacher_params": count_parameters(teacher.model),
-               "images_per_s": final["images_per_s"], "epochs": len(history), "replicas_identical": True,
-               "precision": precision.name, "memory_format": precision.layout, "teacher_outputs": cache_info,
+               "images_per_s": final["images_per_s"], "epochs": d.epochs, "replicas_identical": replicas,
+               **precision.describe(), "teacher_outputs": teacher_outputs, "kd_method": d.kd.method,
+               "kd_temperature": d.kd.resolved_temperature, "views": labelled.augment.views,
+               "labelled_images": len(labelled), "unlabelled_images": unlabelled,
                "losses": [k for k, w in (("ce", d.ce_weight), ("kd", d.kd.weight), ("cosine", d.cosine.weight),
                                          ("hint", d.hint.weight)) if w]}
     summary = f"student {cfg.model.student}: val acc {final['val_acc']:.2f}% (teacher {teacher_acc:.2f}%)"
     outputs = [OUTPUTS["model"], OUTPUTS["metrics"]]
     if baseline:
-        metrics.update(baseline_val_acc=baseline["val_acc"], gain_points=round(final["val_acc"] - baseline["val_acc"],
-                                                                               4))
+        metrics.update(baseline_val_acc=baseline["val_acc"],
+                       gain_points=round(final["val_acc"] - baseline["val_acc"], 4))
         summary += f"; trained alone {baseline['val_acc']:.2f}% ({metrics['gain_points']:+.2f} points from distilling)"
         outputs += [OUTPUTS["baseline"], OUTPUTS["baseline_metrics"]]
     return StageResult(metrics, outputs, summary)
-
-
-def _teacher_outputs(ctx, teacher, data, precision):
-    """The teacher-output cache for this run (None: the teacher runs on every batch) and what it cost."""
-    env, d = ctx.env, ctx.cfg.distill
-    views = data.train.augment.views
-    if not d.cache_teacher or (data.train.augment.active and not views):
-        return None, {"mode": "teacher on every batch"}
-    need = cache_bytes(teacher, data.train, views)
-    if need > d.cache_mb * 2**20:
-        if env.is_main:
-            log.warning("distill: caching the teacher's outputs would take %d MB (distill.cache_mb=%d); running the "
-                        "teacher on every batch instead", need // 2**20, d.cache_mb)
-        return None, {"mode": "teacher on every batch (cache over distill.cache_mb)"}
-    start = time.perf_counter()
-    with precision.autocast():
-        cache = build_cache(teacher, data.train, env, d.batch_size, views,
-                            inputs=lambda x: precision.inputs(x, env.device))
-    seconds = time.perf_counter() - start
-    what = f"{views} fixed augmented views of each of" if views else "each of the"
-    if env.is_main:
-        log.info("distill: teacher outputs for %s %d training images computed once (%.1f MB) in %.1fs", what,
-                 len(data.train), cache.nbytes() / 1e6, seconds)
-    return cache, {"mode": f"cached, {views} views per image" if views else "cached, un-augmented images",
-                   "views": views, "seconds": round(seconds, 2), "megabytes": round(cache.nbytes() / 1e6, 2)}
-
-
-def _train_baseline(ctx, data, val, precision):
-    """The same student trained alone - cross-entropy only, same initialisation, schedule, seed and data order,
-    augmented afresh every epoch as plain training would be - so the run states what distillation gained."""
-    cfg, env, d = ctx.cfg, ctx.env, ctx.cfg.distill
-    model = new_student(cfg, data).to(env.device)
-    precision = precision.place([model], data.train.batch([0]).x)
-    ddp_model = dist.wrap_ddp(model, env)
-    plain = copy.copy(data.train)
-    plain.augment = dataclasses.replace(data.train.augment, views=0)
-    loader = train_loader(plain, dist.per_rank_batch(d.batch_size, env, "distill.batch_size"), env.rank, env.world,
-                          cfg.seed, cfg.train.num_workers, env.device.type == "cuda")
-
-    def loss_fn(batch):
-        return F.cross_entropy(ddp_model(batch.x), batch.y, label_smoothing=d.label_smoothing), {}
-
-    history = ctx.fit(ddp_model, modules={"student": model}, optimizer=build_optimizer(model.parameters(), d), ocfg=d,
-                      loader=loader, loss_fn=loss_fn, evaluate_fn=lambda epoch: evaluate(model, val, env, precision),
-                      precision=precision, part="baseline")
-    if env.is_main:
-        save_weights(ctx.run.path(OUTPUTS["baseline"]), model,
-                     {**ctx.weights_metadata(cfg.model.student, data), "role": "baseline: trained alone, CE only"})
-    return history[-1]
 
 
 def report_rows(entry, path):
@@ -211,6 +260,12 @@ def report_notes(entry):
     m = entry["metrics"]
     if "baseline_val_acc" not in m:
         return []
-    return [f"Distillation gained {m['gain_points']:+.2f} points: the distilled student reaches {m['val_acc']:.2f}%, "
-            f"the same student trained alone (same initialisation, schedule and seed) {m['baseline_val_acc']:.2f}%; "
-            f"the teacher {m['teacher_val_acc']:.2f}%."]
+    method = {"hinton": "Hinton KD", "dkd": "DKD", "dist": "DIST", "standardized": "standardized-logit KD"}.get(
+        m.get("kd_method"), "distillation")
+    extra = ""
+    if m.get("unlabelled_images"):
+        extra = (f" The distilled student also learned from {m['unlabelled_images']:,} unlabelled images through the "
+                 f"teacher; the student trained alone saw only the {m['labelled_images']:,} labelled ones.")
+    return [f"Distillation ({method}) gained {m['gain_points']:+.2f} points: the distilled student reaches "
+            f"{m['val_acc']:.2f}%, the same student trained alone (same initialisation, schedule, seed and augmented "
+            f"views) {m['baseline_val_acc']:.2f}%; the teacher {m['teacher_val_acc']:.2f}%.{extra}"]

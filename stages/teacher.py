@@ -4,23 +4,25 @@
 import logging
 
 import torch
-import torch.nn.functional as F
 
-from compress import dist
-from compress.checkpoint import save_weights
-from compress.context import File, StageResult
-from compress.data import load_data
-from compress.model_sources import load_pretrained
-from compress.models import build_model, count_parameters
-from compress.report import file_size
-from compress.train import build_optimizer, evaluate
+from compress.data.datasets import load_data
+from compress.fileio import atomic_write_json
+from compress.models.registry import build_model, count_parameters
+from compress.models.weights import load_pretrained
+from compress.run.contract import File, StageResult
+from compress.run.report import file_size
+from compress.training import distributed as dist
+from compress.training.checkpoint import save_weights
+from compress.training.loop import evaluate, fit
+from compress.training.losses import label_loss
+from compress.training.schedule import Schedule, build_optimizer
 
 NAME = "teacher"
 SUMMARY = "train the large model (DDP)"
-CONFIG_KEYS = ("seed", "data", "model.teacher", "model.teacher_weights", "teacher")
+CONFIG_KEYS = ("seed", "data", "-data.unlabeled", "model.teacher", "model.teacher_weights", "teacher")
 OUTPUTS = {"model": "teacher/model.safetensors", "metrics": "teacher/metrics.json"}
+PARTS = ("",)
 RANK0_ONLY = False
-
 
 log = logging.getLogger(__name__)
 
@@ -34,38 +36,37 @@ def build_teacher(cfg, data):
     torch.manual_seed(cfg.seed)  # identical initialisation on every rank (DDP also broadcasts rank 0's)
     model = build_model(cfg.model.teacher, data.input_shape, data.num_classes)
     if cfg.model.teacher_weights:
-        note = load_pretrained(model, cfg.model.teacher_weights, "model.teacher_weights")
-        log.info("teacher: %s", note)
+        log.info("teacher: %s", load_pretrained(model, cfg.model.teacher_weights, "model.teacher_weights"))
     return model
 
 
 def run(ctx):
-    cfg, env = ctx.cfg, ctx.env
+    cfg, env, t = ctx.cfg, ctx.env, ctx.cfg.teacher
     data = load_data(cfg.data, cfg.seed)
-    precision = ctx.precision()
     model = build_teacher(cfg, data).to(env.device)  # a wrong weights file fails here: nothing written
-    precision = precision.place([model], data.train.batch([0]).x)
-    loader, val = ctx.loaders(data, cfg.teacher.batch_size, "teacher.batch_size")
+    precision = ctx.precision().place([model], data.train.batch([0]).x)
+    train_set = data.train.with_augment(mix=t.mix, mix_alpha=t.mix_alpha)
+    loader, val = ctx.loaders(train_set, data.val, t.batch_size, "teacher.batch_size")
     ctx.begin()
-    if cfg.teacher.epochs == 0:
+    if t.epochs == 0:
         return _as_given(ctx, model, data, val, precision)
     ddp_model = dist.wrap_ddp(model, env)
+    optimizer = build_optimizer(model.parameters(), t)
+    schedule = Schedule.from_config(t, loader.sampler.batches_per_epoch)
+    session = ctx.session({"model": model}, optimizer, schedule.steps_per_epoch, t.epochs, precision=precision)
 
-    def loss_fn(batch):
-        return F.cross_entropy(ddp_model(batch.x), batch.y), {}
+    def loss_fn(batch, step):
+        return label_loss(ddp_model(batch.x), batch, t.label_smoothing), {}
 
-    history = ctx.fit(ddp_model, modules={"model": model}, optimizer=build_optimizer(model.parameters(), cfg.teacher),
-                      ocfg=cfg.teacher, loader=loader, loss_fn=loss_fn, precision=precision,
-                      evaluate_fn=lambda epoch: evaluate(model, val, env, precision))
-    mismatched = dist.replica_mismatches(env, model)
-    dist.fail_if(env, mismatched, f"teacher: ranks disagree on {len(mismatched)} tensors after training "
-                 f"({', '.join(mismatched[:3])}); DDP went out of sync")
+    history = fit(ddp_model, loss_fn, optimizer, loader, schedule, lambda epoch: evaluate(model, val, env, precision),
+                  session)
+    replicas = dist.check_replicas(env, model, "teacher")
     if env.is_main:
         save_weights(ctx.run.path(OUTPUTS["model"]), model, ctx.weights_metadata(cfg.model.teacher, data))
     final = history[-1]
     metrics = {"val_acc": final["val_acc"], "val_loss": final["val_loss"], "params": count_parameters(model),
-               "images_per_s": final["images_per_s"], "epochs": len(history), "replicas_identical": True,
-               "precision": precision.name, "memory_format": precision.layout}
+               "images_per_s": final["images_per_s"], "epochs": len(history), "replicas_identical": replicas,
+               **precision.describe()}
     return StageResult(metrics, list(OUTPUTS.values()), f"teacher {cfg.model.teacher}: val acc {final['val_acc']:.2f}%")
 
 
@@ -73,11 +74,9 @@ def _as_given(ctx, model, data, val, precision):
     """teacher.epochs: 0 - record the given teacher (evaluated, saved in compress's format) without training."""
     cfg, env = ctx.cfg, ctx.env
     metrics = {**evaluate(model, val, env, precision), "params": count_parameters(model), "epochs": 0,
-               "trained": False, "precision": precision.name}
+               "trained": False, **precision.describe()}
     if env.is_main:
         save_weights(ctx.run.path(OUTPUTS["model"]), model, ctx.weights_metadata(cfg.model.teacher, data))
-        from compress.fileio import atomic_write_json
-
         atomic_write_json(ctx.run.path(OUTPUTS["metrics"]), {"stage": "teacher", "epochs": [], "evaluated": metrics})
     return StageResult(metrics, list(OUTPUTS.values()),
                        f"teacher {cfg.model.teacher} used as given: val acc {metrics['val_acc']:.2f}%")

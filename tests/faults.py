@@ -1,11 +1,13 @@
 """Fault injection for the crash tests, from the outside: the training loop has no test hooks.
 
-    COMPRESS_FAULT=stage:epoch:step[:kill|nan[:rank]] python tests/faults.py run ...
+    COMPRESS_FAULT=stage:epoch:step[:kill|nan|perturb[:rank]] python tests/faults.py run ...
 
-runs `compress` with `compress.train.train_one_epoch` wrapped so that, in `stage` (0-based epoch and step):
-`kill` SIGKILLs this process right after that step's optimizer update (a real kill -9 at a reproducible
-moment), `nan` makes that step's loss NaN. With `rank`, only that rank is hit; under torchrun only the first
-attempt of the group is (a restarted group runs clean). The script also works as torchrun's worker script.
+runs `compress` with `compress.training.loop.train_one_epoch` wrapped so that, in `stage` (its session name,
+e.g. "teacher" or "distill baseline"; 0-based epoch and step): `kill` SIGKILLs this process right after that
+step's optimizer update (a real kill -9 at a reproducible moment), `nan` makes that step's loss NaN, `perturb`
+nudges this process's copy of the first parameter after that step's update (a replica that drifted from the
+others). With `rank`, only that rank is hit; under torchrun only the first attempt of the group is (a
+restarted group runs clean). The script also works as torchrun's worker script.
 """
 
 import os
@@ -14,7 +16,7 @@ import sys
 
 import torch
 
-import compress.train
+import compress.training.loop as loop
 
 
 def install(spec):
@@ -26,35 +28,39 @@ def install(spec):
         return
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
-    original = compress.train.train_one_epoch
+    original = loop.train_one_epoch
 
-    def train_one_epoch(model, loader, optimizer, loss_fn, **kw):
-        if kw["name"] != stage or kw["epoch"] != epoch:
-            return original(model, loader, optimizer, loss_fn, **kw)
-        position = {"step": kw.get("start_step", 0)}
+    def train_one_epoch(model, loss_fn, optimizer, loader, schedule, at_epoch, session):
+        if session.name != stage or at_epoch != epoch:
+            return original(model, loss_fn, optimizer, loader, schedule, at_epoch, session)
+        position = {"step": session.resume.step if at_epoch == session.resume.epoch else 0}
 
-        def faulty_loss(batch):
-            loss, parts = loss_fn(batch)
+        def faulty_loss(batch, global_step):
+            loss, terms = loss_fn(batch, global_step)
             if kind == "nan" and position["step"] == step:
                 loss = loss * torch.tensor(float("nan"))
-            return loss, parts
+            return loss, terms
 
         step_update = optimizer.step
 
         def faulty_step(*args, **kwargs):
             out = step_update(*args, **kwargs)
-            if kind == "kill" and position["step"] == step:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if position["step"] == step:
+                if kind == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if kind == "perturb":
+                    with torch.no_grad():
+                        next(model.parameters()).add_(1e-3)
             position["step"] += 1
             return out
 
         optimizer.step = faulty_step
         try:
-            return original(model, loader, optimizer, faulty_loss, **kw)
+            return original(model, faulty_loss, optimizer, loader, schedule, at_epoch, session)
         finally:
             optimizer.step = step_update
 
-    compress.train.train_one_epoch = train_one_epoch
+    loop.train_one_epoch = train_one_epoch
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ import onnx
 import pytest
 from safetensors.torch import save_file
 
-from compress.checkpoint import read_weights
 from compress.fileio import sha256_file
+from compress.training.checkpoint import read_weights
 from conftest import file_bytes, invoke
 
 
@@ -82,7 +82,7 @@ def png_claiming_size(path, width, height):
 def save_other_architecture(tmp):
     import torch
 
-    from compress.models import build_model
+    from compress.models.registry import build_model
 
     torch.save(build_model("light_cnn", (1, 8, 8), 10).state_dict(), tmp / "other.pth")
 
@@ -285,8 +285,8 @@ CASES = {
         lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "model.teacher=torchvision:resnet19"],
         "torchvision has no classification model 'resnet19' (did you mean 'torchvision:resnet18'?)"),
     "model: module:function that does not exist": (
-        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "model.student=compress.models:nothing"],
-        "module 'compress.models' has no function 'nothing'"),
+        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "model.student=compress.models.registry:nothing"],
+        "module 'compress.models.registry' has no function 'nothing'"),
     "model: module that does not import": (
         lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "model.student=no_such_module:build"],
         "cannot import module 'no_such_module'"),
@@ -305,7 +305,7 @@ CASES = {
     "qat: training diverges": (
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.optimizer=sgd", "--set", "qat.lr=10000"],
-        "the last resume checkpoint is kept - lower qat.lr and rerun"),
+        "the last resume checkpoint is kept - lower qat.lr (e.g. --set qat.lr=1000, a tenth) and rerun"),
 }
 EXIT_CODES = {"qat: accuracy budget exceeded": 1, "qat: training diverges": 1}
 CHANGES_FILES = {"qat: accuracy budget exceeded", "qat: training diverges"}  # a failed run keeps its files

@@ -6,8 +6,11 @@ import torch
 import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from compress import quant
-from compress.checkpoint import (
+from compress.errors import CheckpointError
+from compress.fileio import atomic_write_bytes, sha256_file
+from compress.models.registry import build_model
+from compress.quant import fx as quant
+from compress.training.checkpoint import (
     load_training_state,
     load_weights,
     read_metadata,
@@ -15,9 +18,6 @@ from compress.checkpoint import (
     save_training_state,
     save_weights,
 )
-from compress.errors import CheckpointError
-from compress.fileio import atomic_write_bytes, sha256_file
-from compress.models import build_model
 
 
 def small(seed=0):

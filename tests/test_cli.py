@@ -4,18 +4,23 @@ import pytest
 
 import stages
 from compress import __version__, cli
-from compress.config import Config
+from compress.run.config import Config
 from conftest import compress_subprocess, invoke
 
 
 def test_registries_agree_cli_config_and_folders():
-    assert cli.STAGE_ORDER == stages.ORDER == tuple(stages.STAGES)
+    """One stage registry (the CLI's --stages default comes from it); each stage's keys exist in the config."""
+    from compress.run.config import config_slice
+
+    run_option = next(p for p in cli.cli.commands["run"].params if p.name == "stages")
+    assert tuple(stages.STAGES) == stages.ORDER and run_option.default == ",".join(stages.ORDER)
     config_sections = {f.name for f in dataclasses.fields(Config)}
     for name, module in stages.STAGES.items():
         assert module.NAME == name
         assert name in config_sections, f"stage {name} has no config section"
         assert all(out.startswith(f"{name}/") for out in module.OUTPUTS.values()), "a stage writes only its own folder"
         assert callable(module.run) and callable(module.inputs) and callable(module.report_rows)
+        assert config_slice(Config(), module.CONFIG_KEYS)  # every declared key names a part of the config
         for item in module.inputs(Config()):  # every input names another stage's declared output
             assert item.stage in stages.STAGES and item.output in stages.STAGES[item.stage].OUTPUTS
 
@@ -57,4 +62,5 @@ def test_config_command_prints_resolved_yaml_and_reference():
     result = invoke("config", "--set", "teacher.epochs=11")
     assert result.exit_code == 0 and "epochs: 11" in result.output
     reference = invoke("config", "--reference").output
-    assert "| `distill.kd.temperature` | float | `4.0` |" in reference
+    assert "| `distill.kd.temperature` | float or null | `null` |" in reference
+    assert "| `distill.kd.method` | hinton | dkd | dist | standardized | `hinton` |" in reference

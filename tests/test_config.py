@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from compress import preflight, schema
-from compress.config import Config, dump_config, load_config, section_hash
 from compress.errors import ConfigError, InputError
+from compress.run import preflight, schema
+from compress.run.config import Config, dump_config, load_config, section_hash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -75,7 +75,7 @@ def test_missing_config_file_and_missing_dataset_folder(tmp_path):
 
 def test_parsing_a_config_is_pure():
     """No torch import and no filesystem access while parsing: `compress config` and `--help` stay instant."""
-    code = ("import sys; from compress.config import load_config; "
+    code = ("import sys; from compress.run.config import load_config; "
             "load_config(None, ['data.name=imagefolder', 'data.root=/nonexistent', 'model.teacher=torchvision:x']); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

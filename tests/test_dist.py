@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from compress.checkpoint import read_weights
+from compress.training.checkpoint import read_weights
 from conftest import FAULTS, compress_subprocess
 
 CENSUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "thread_census")

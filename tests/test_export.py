@@ -7,12 +7,12 @@ import pytest
 import torch
 from PIL import Image
 
-from compress.config import load_config
-from compress.data import load_data
-from compress.deploy import OnnxModel, metadata_of, optimized_op_types
+from compress.data.datasets import load_data
+from compress.deploy.onnx_model import OnnxModel, metadata_of, optimized_op_types
 from compress.errors import InputError
-from compress.models import build_model
-from compress.to_onnx import export_onnx
+from compress.models.registry import build_model
+from compress.quant.onnx_export import export_onnx
+from compress.run.config import load_config
 from conftest import compress_subprocess, invoke
 
 
@@ -74,7 +74,7 @@ def write_val_pngs(tmp_path, count=6):
 def test_predict_gives_the_labels_pytorch_gives(finished_run, tmp_path):
     paths, x = write_val_pngs(tmp_path)
     model = build_model("compact_cnn", (1, 8, 8), 10).eval()
-    from compress.checkpoint import load_weights
+    from compress.training.checkpoint import load_weights
     load_weights(model, finished_run / "distill" / "model.safetensors")
     with torch.no_grad():
         expected = [str(i) for i in model(x).argmax(1).tolist()]
@@ -189,7 +189,7 @@ def test_bench_compares_two_files_side_by_side(finished_run):
 
 
 def _int8_pair(tmp_path, name, shape, float_layers=()):
-    from compress import quant
+    from compress.quant import fx as quant
 
     torch.manual_seed(0)
     model = build_model(name, shape, 10).eval()
@@ -210,19 +210,20 @@ def test_the_speed_gate_holds_with_a_busy_neighbour(tmp_path):
     import multiprocessing
     import time
 
-    from compress.config import ExportConfig
-    from stages.export import speed_gate
+    from compress.run.config import ExportConfig
+    from compress.quant.verify import speed_gate
 
     paths = _int8_pair(tmp_path, "compact_cnn", (1, 28, 28))
     data = load_data(load_config(None, ["data.name=mnist5k", "data.limit=100"]).data, seed=0)
     gate = ExportConfig(latency_batch_sizes=(64,), min_int8_speedup=1.0)
-    quiet = speed_gate(paths, data, gate)
+    images = data.val.batch(range(64)).x
+    quiet = speed_gate(paths, images, gate)
     assert quiet["speedup"] >= 1.0, quiet
     burners = [multiprocessing.Process(target=_burn, args=(time.time() + 120,), daemon=True) for _ in range(2)]
     for b in burners:
         b.start()
     try:
-        busy = speed_gate(paths, data, gate)
+        busy = speed_gate(paths, images, gate)
     finally:
         for b in burners:
             b.terminate()
@@ -280,7 +281,7 @@ def test_torch_int8_matches_exact_arithmetic_on_a_wide_depthwise_convolution():
     import torch.nn.functional as F
     from torch import nn
 
-    from compress import quant
+    from compress.quant import fx as quant
 
     torch.manual_seed(0)
     channels = 144
@@ -302,7 +303,7 @@ def test_torch_int8_matches_exact_arithmetic_on_a_wide_depthwise_convolution():
 
 
 def test_int8_agreement_counts_near_ties_within_two_output_steps():
-    from stages.export import compare
+    from compress.quant.verify import compare
 
     torch_logits = torch.tensor([[1.00, 0.95, 0.0], [2.0, 0.0, 1.0], [0.0, 1.0, 3.0]])
     onnx_logits = np.array([[0.9, 1.0, 0.0], [0.0, 2.0, 1.0], [0.0, 1.0, 3.0]], dtype=np.float32)
@@ -326,8 +327,8 @@ def test_relu6_between_int8_layers_clamps_the_integers(tmp_path):
     from onnx.reference import ReferenceEvaluator
     from torch import nn
 
-    from compress import quant
-    from stages.export import output_step
+    from compress.quant import fx as quant
+    from compress.quant.verify import output_step
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU6(),

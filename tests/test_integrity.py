@@ -13,10 +13,10 @@ import pytest
 import yaml
 from PIL import Image
 
-from compress.config import load_config
-from compress.data import load_data
+from compress.data.datasets import load_data
 from compress.fileio import dumps
-from compress.rundir import RunDir, RunLock
+from compress.run.config import load_config
+from compress.run.rundir import RunDir, RunLock
 from conftest import file_bytes, invoke
 
 
@@ -176,21 +176,20 @@ def test_weights_blown_up_by_a_step_fail_the_stage_with_advice_not_an_exception(
     import torch
     import torch.nn.functional as F
 
-    from compress import quant
-    from compress.data import Batch
-    from compress.dist import DistEnv
+    from compress.data.imageset import Batch
     from compress.errors import StageFailed
-    from compress.models import build_model
-    from compress.train import Schedule, train_one_epoch
+    from compress.models.registry import build_model
+    from compress.quant import fx as quant
+    from compress.training.loop import Session, train_one_epoch
+    from compress.training.schedule import Schedule
 
     torch.manual_seed(0)
     example = torch.randn(4, 1, 8, 8)
     prepared = quant.prepare(build_model("compact_cnn", (1, 8, 8), 10), example)
     with torch.no_grad():
         next(p for p in prepared.parameters() if p.dim() == 4)[0, 0, 0, 0] = float("nan")
-    batches = [Batch(example, torch.arange(4), torch.arange(4), torch.full((4,), -1))]
+    batches = [Batch(example, torch.arange(4), torch.arange(4), torch.full((4,), -1), torch.arange(4), torch.ones(4))]
     optimizer = torch.optim.SGD(prepared.parameters(), lr=0.1)
     with pytest.raises(StageFailed, match="qat: the weights became non-finite at epoch 1, step 1; .* lower qat.lr"):
-        train_one_epoch(prepared, batches, optimizer, lambda b: (F.cross_entropy(prepared(b.x), b.y), {}),
-                        env=DistEnv(), epoch=0, schedule=Schedule("flat", 0.1, 1, 1), seed_key=(0, "qat", 0),
-                        name="qat")
+        train_one_epoch(prepared, lambda b, step: (F.cross_entropy(prepared(b.x), b.y), {}), optimizer, batches,
+                        Schedule("constant", 0.1, 1, 1), 0, Session(name="qat"))

@@ -3,14 +3,9 @@ import math
 import pytest
 import torch
 
+from compress.distill.feature_losses import cosine_loss, hint_loss, make_regressor, reduce_width
+from compress.distill.logit_losses import hinton as kd_loss
 from compress.errors import InputError
-from compress.losses import (
-    cosine_loss,
-    hint_loss,
-    kd_loss,
-    make_regressor,
-    reduce_width,
-)
 
 
 def test_kd_loss_matches_a_hand_computed_value():

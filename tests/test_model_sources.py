@@ -12,10 +12,10 @@ import torchvision
 from PIL import Image
 from safetensors.torch import save_file
 
-from compress.checkpoint import read_weights
 from compress.errors import InputError
-from compress.model_sources import load_pretrained, read_state_dict, source_problem
-from compress.models import build_model
+from compress.models.registry import build_model, source_problem
+from compress.models.weights import load_pretrained, read_state_dict
+from compress.training.checkpoint import read_weights
 from conftest import invoke
 
 

@@ -2,8 +2,8 @@ import pytest
 import torch
 from torch.fx import symbolic_trace
 
-from compress import quant
-from compress.models import DESCRIPTIONS, MODELS, build_model
+from compress.models.registry import DESCRIPTIONS, MODELS, build_model
+from compress.quant import fx as quant
 
 
 def test_every_model_is_described():

@@ -3,8 +3,8 @@ import os
 
 import yaml
 
-from compress.checkpoint import read_weights
-from compress.config import load_config
+from compress.run.config import load_config
+from compress.training.checkpoint import read_weights
 from conftest import file_bytes, invoke, tree
 
 EXPECTED_TREE = [

@@ -9,7 +9,7 @@ import subprocess
 
 import torch
 
-from compress.checkpoint import read_metadata, read_weights
+from compress.training.checkpoint import read_metadata, read_weights
 from conftest import compress_subprocess, fault_subprocess, random_seed
 
 FILES = {"teacher": "teacher/model.safetensors", "distill": "distill/model.safetensors", "qat": "qat/qat.safetensors"}

@@ -11,9 +11,6 @@ from compress.errors import EXIT_INTERRUPTED, CompressError
 
 log = logging.getLogger("compress")
 
-STAGE_ORDER = ("teacher", "distill", "qat", "export")  # kept equal to stages.ORDER by a test; importing
-# `stages` here would import torch, and `compress --help` should answer instantly
-
 _debug = {"on": bool(os.environ.get("COMPRESS_DEBUG"))}
 
 

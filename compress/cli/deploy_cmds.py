@@ -31,7 +31,7 @@ def predict(model, images, top_k, as_json):
     Example:
       compress predict artifacts/default/export/model.int8.onnx digit1.png digit2.png
     """
-    from compress.deploy import OnnxModel
+    from compress.deploy.onnx_model import OnnxModel
 
     if len(images) > 100_000:
         raise click.BadParameter("at most 100,000 images per call", param_hint="IMAGES")
@@ -66,7 +66,8 @@ def bench(models, batch, threads, repeats, warmup):
       compress bench artifacts/default/export/model.int8.onnx --batch 1,64 --threads 1,2
       compress bench artifacts/default/export/model.fp32.onnx artifacts/default/export/model.int8.onnx
     """
-    from compress.deploy import OnnxModel, latency_table
+    from compress.deploy.latency import latency_table
+    from compress.deploy.onnx_model import OnnxModel
 
     if len(models) > 2:
         raise click.BadParameter("give one ONNX file, or two to compare", param_hint="MODELS")
@@ -89,7 +90,8 @@ def _compare(paths, batches, threads, rounds, warmup):
 
     import numpy as np
 
-    from compress.deploy import OnnxModel, compare_latency, speedup_text
+    from compress.deploy.latency import compare_latency, speedup_text
+    from compress.deploy.onnx_model import OnnxModel
 
     a, b = (os.path.basename(p) for p in paths)
     click.echo(f"A = {paths[0]}\nB = {paths[1]}\n(onnxruntime, CPU, best of {rounds} interleaved rounds)")

@@ -6,7 +6,7 @@ from compress.cli.base import cli, debug_option
 
 
 def _existing_run(run_dir):
-    from compress.rundir import RunDir
+    from compress.run.rundir import RunDir
 
     run = RunDir(run_dir)
     if not run.exists():
@@ -25,8 +25,8 @@ def show(run_dir):
     Example:
       compress show artifacts/default
     """
-    from compress.rundir import file_check
-    from compress.status import stage_states
+    from compress.run.rundir import file_check
+    from compress.run.state import stage_states
     from stages import STAGES
 
     run = _existing_run(run_dir)
@@ -62,8 +62,8 @@ def report(run_dir):
     Example:
       compress report artifacts/default
     """
-    from compress.report import markdown_table, write_report
-    from compress.rundir import RunLock
+    from compress.run.report import markdown_table, write_report
+    from compress.run.rundir import RunLock
     from stages import STAGES
 
     run = _existing_run(run_dir)

@@ -5,8 +5,9 @@ import sys
 
 import click
 
-from compress.cli.base import STAGE_ORDER, _debug, cli, debug_option, log, setup_logging
+from compress.cli.base import _debug, cli, debug_option, log, setup_logging
 from compress.errors import CompressError
+from stages import ORDER as STAGE_ORDER  # the names only: importing them loads no torch, so --help is instant
 
 
 def parse_stages(value):
@@ -54,8 +55,8 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
       compress run --nproc-per-node 2 --max-restarts 1  # 2 processes; survive a lost worker
       torchrun --nproc_per_node 2 -m compress run       # the same, launched by hand (or multi-node)
     """
-    from compress.config import load_config
-    from compress.dist import launched_by_torchrun
+    from compress.run.config import load_config
+    from compress.training.distributed import launched_by_torchrun
 
     stage_names = parse_stages(stages)
     run_dir = resolve_run_dir(run_dir, name, config_path)
@@ -70,7 +71,7 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
         raise e if int(os.environ.get("RANK", 0)) == 0 else MirroredError(str(e), e.exit_code)
     if nproc_per_node > 1 and not launched_by_torchrun():
         sys.exit(_relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc_per_node, max_restarts))
-    from compress.pipeline import run_pipeline
+    from compress.run.pipeline import run_pipeline
 
     rank = int(os.environ.get("RANK", 0))
     setup_logging(rank)
@@ -80,7 +81,7 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
     force = force and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0
     results = run_pipeline(cfg, run_dir, stage_names, force=force)
     if rank == 0 and results.get("report"):
-        from compress.report import markdown_table
+        from compress.run.report import markdown_table
 
         click.echo(markdown_table(results["report"]))
         click.echo(f"report: {os.path.join(run_dir, 'report.md')}")
@@ -88,10 +89,10 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
 
 def _relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc, max_restarts):
     """Check everything here, hold the run-dir lock for the workers, and start them through torchrun."""
-    from compress import preflight
-    from compress.launch import relaunch
-    from compress.pipeline import LOCK_ENV
-    from compress.rundir import RunDir, RunLock
+    from compress.run import preflight
+    from compress.run.launch import relaunch
+    from compress.run.pipeline import LOCK_ENV
+    from compress.run.rundir import RunDir, RunLock
 
     preflight.check(cfg, stage_names, nproc)  # e.g. a batch that does not split over nproc: before any worker
     run = RunDir(run_dir)
@@ -117,9 +118,9 @@ def stages_cmd(run_dir):
     Example:
       compress stages --run-dir artifacts/default
     """
-    from compress.config import Config
-    from compress.rundir import RunDir
-    from compress.status import stage_states
+    from compress.run.config import Config
+    from compress.run.rundir import RunDir
+    from compress.run.state import stage_states
     from stages import STAGES
 
     cfg = Config()
@@ -152,10 +153,10 @@ def config_cmd(config_path, overrides, reference):
       compress config -c configs/cifar10-tutorial.yaml --set distill.epochs=2
       compress config --reference
     """
-    from compress.config import Config, dump_config, load_config
+    from compress.run.config import Config, dump_config, load_config
 
     if reference:
-        from compress.schema import reference as rows
+        from compress.run.schema import reference as rows
 
         click.echo("| key | type | default | meaning |\n|---|---|---|---|")
         for key, tp, default, help_text in rows(Config):
@@ -178,8 +179,8 @@ def models_cmd():
     Example:
       compress models
     """
-    from compress.data import DATASETS
-    from compress.models import DESCRIPTIONS
+    from compress.data.registry import DATASETS
+    from compress.models.registry import DESCRIPTIONS
 
     click.echo("models:")
     for name, text in DESCRIPTIONS.items():

@@ -1,0 +1,175 @@
+"""An exported ONNX file run with onnxruntime, numpy and Pillow only (no torch).
+
+Everything needed to use the model travels inside the file as metadata (`compress.*` keys): class names,
+input shape, channel order, normalisation mean/std. `OnnxModel` reads them, `preprocess` turns image files
+into the exact tensors the model was trained on, `predict` gives top-k classes, `latency` times it.
+"""
+
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+from compress.deploy.imageio import finite_list, load_pixels, normalise, printable
+from compress.errors import InputError
+from compress.fileio import read_bytes
+
+META_PREFIX = "compress."
+REQUIRED_META = ("class_names", "input_shape", "channel_order", "mean", "std")
+INT8_KERNELS = ("QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger", "QLinearAdd",
+                "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+
+
+def read_onnx(path):
+    """The parsed onnx.ModelProto, or an InputError naming the file."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    data = read_bytes(path, "ONNX file", limit=4 << 30, follow_links=True)
+    try:
+        model = onnx.load_from_string(data)
+    except (DecodeError, ValueError, RuntimeError, OSError) as e:
+        raise InputError(f"'{path}' is not an ONNX model ({e.__class__.__name__}); pass a .onnx file "
+                         "written by `compress run --stages export`") from None
+    if not model.graph.node:
+        raise InputError(f"'{path}' is not an ONNX model (no graph); pass a .onnx file written by compress")
+    return model
+
+
+def metadata_of(model_proto):
+    meta = {}
+    for prop in model_proto.metadata_props:
+        if prop.key.startswith(META_PREFIX):
+            key = prop.key[len(META_PREFIX):]
+            try:
+                meta[key] = json.loads(prop.value)
+            except json.JSONDecodeError:
+                meta[key] = prop.value
+    return meta
+
+
+class OnnxModel:
+    """An onnxruntime CPU session plus the preprocessing stored in the file."""
+
+    def __init__(self, path, threads=None, require_metadata=True):
+        import onnxruntime as ort
+
+        proto = read_onnx(path)
+        self.path, self.meta = path, metadata_of(proto)
+        missing = [k for k in REQUIRED_META if k not in self.meta]
+        if require_metadata and missing:
+            raise InputError(f"'{path}' has no compress metadata for {', '.join(missing)}: it cannot be preprocessed "
+                             "without them; export it with `compress run --stages export`")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+        try:
+            self.session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise InputError(f"onnxruntime cannot load '{path}' ({str(e).splitlines()[0][:200]})") from None
+        self.input_name = self.session.get_inputs()[0].name
+        if require_metadata:
+            self._check_metadata()
+        self.input_shape = tuple(self.meta["input_shape"] if "input_shape" in self.meta and require_metadata
+                                 else self._graph_input_shape())
+
+    def _check_metadata(self):
+        """Refuse metadata that would silently give wrong answers (a std of 0, a mean per wrong channel count)."""
+        m, where = self.meta, f"'{self.path}' metadata"
+        shape = m.get("input_shape")
+        if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(v, int) and 0 < v <= 8192 for v in shape)
+                and shape[0] in (1, 3)):
+            raise InputError(f"{where} compress.input_shape must be [channels (1 or 3), height, width]; got "
+                             f"{str(shape)[:80]}; re-export the model")
+        for key in ("mean", "std"):
+            if not finite_list(m.get(key)) or len(m[key]) != shape[0]:
+                raise InputError(f"{where} compress.{key} must hold {shape[0]} finite number(s), one per channel; got "
+                                 f"{str(m.get(key))[:80]}; re-export the model")
+        if any(v <= 0 for v in m["std"]):
+            raise InputError(f"{where} compress.std must be positive; got {m['std']}; re-export the model")
+        names = m.get("class_names")
+        outputs = self.session.get_outputs()[0].shape
+        classes = outputs[-1] if outputs and isinstance(outputs[-1], int) else None
+        if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)) or (
+                classes is not None and len(names) != classes):
+            raise InputError(f"{where} compress.class_names must list the model's {classes or 'output'} class "
+                             "names; re-export the model")
+        rule = m.get("resize")
+        if rule is not None and not (isinstance(rule, dict) and all(
+                isinstance(rule.get(k), int) and 0 < rule[k] <= 16384 for k in ("shorter_side", "height", "width"))):
+            raise InputError(f"{where} compress.resize is malformed; re-export the model")
+
+    def _graph_input_shape(self):
+        dims = self.session.get_inputs()[0].shape[1:]
+        if not all(isinstance(d, int) for d in dims):
+            raise InputError(f"'{self.path}' has no fixed input shape and no compress metadata giving one")
+        return dims
+
+    def __call__(self, batch):
+        return self.session.run(None, {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)})[0]
+
+    @property
+    def resize(self):
+        """The file's resize rule (older files, without one: the input size, centre-cropped)."""
+        _, height, width = self.input_shape
+        return self.meta.get("resize") or {"shorter_side": min(height, width), "height": height, "width": width}
+
+    def preprocess(self, image_paths):
+        """Image files -> normalised NCHW float32, exactly as the validation images were in training."""
+        channels = self.input_shape[0]
+        out = [normalise(load_pixels(path, channels, self.resize), self.meta["mean"], self.meta["std"])
+               for path in image_paths]
+        return np.stack(out).astype(np.float32)
+
+    def predict(self, image_paths, top_k=3, chunk=64):
+        """[(path, [(class_name, probability), ...]), ...] for image files (read `chunk` at a time)."""
+        probs = np.concatenate([_softmax(self(self.preprocess(image_paths[i:i + chunk])))
+                                for i in range(0, len(image_paths), chunk)])
+        names = [printable(n) for n in self.meta["class_names"]]
+        results = []
+        for path, p in zip(image_paths, probs):
+            order = np.argsort(-p)[:top_k]
+            results.append((path, [(names[i], float(p[i])) for i in order]))
+        return results
+
+    def latency(self, batch_size, repeats=30, warmup=5, seed=0):
+        """Median milliseconds per call for a batch (random normal inputs; the values do not matter)."""
+        x = np.random.default_rng(seed).standard_normal((batch_size, *self.input_shape), dtype=np.float32)
+        for _ in range(warmup):
+            self(x)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self(x)
+            times.append((time.perf_counter() - start) * 1000.0)
+        return statistics.median(times)
+
+
+def _softmax(logits):
+    z = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def optimized_op_types(path):
+    """Op counts of the graph onnxruntime actually runs (after its QDQ fusions), to prove int8 kernels."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        graph = onnx.load(options.optimized_model_filepath).graph
+    counts = {}
+    for node in graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))

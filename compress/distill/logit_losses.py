@@ -1,0 +1,92 @@
+"""Logit distillation losses: pure functions of (student logits, teacher logits, target classes, parameters).
+
+Every loss returns the batch mean of a per-sample quantity (DIST: of per-sample and per-class quantities) and is
+scaled by T^2, so its gradients keep the scale of cross-entropy's whatever the temperature (Hinton et al. 2015).
+They never know whether the teacher ran now or its logits came from the teacher-output store.
+
+    hinton        T^2 KL(softmax(t/T) || softmax(s/T))                                  Hinton et al. 2015
+    dkd           T^2 (alpha TCKD + beta NCKD): KL of the binary target/non-target split, plus KL of the
+                  distribution among the non-target classes                            Zhao et al., CVPR 2022
+    dist          tau^2 (beta (1 - mean_i pearson(p_s[i,:], p_t[i,:])) + gamma (1 - mean_c pearson(p_s[:,c],
+                  p_t[:,c]))) with p = softmax(z/tau): relations within a sample and within a class
+                                                                                       Huang et al., NeurIPS 2022
+    standardized  T^2 KL(softmax(z(t)/T) || softmax(z(s)/T)), z(v) = (v - mean(v)) / std(v) per sample
+                                                                                       Sun et al., CVPR 2024
+
+`target` (DKD only) is each sample's class: its label where it has one, else the teacher's top class (the
+caller decides; an unlabelled image has no other).
+"""
+
+import torch
+import torch.nn.functional as F
+
+METHODS = ("hinton", "dkd", "dist", "standardized")
+
+
+def hinton(student, teacher, temperature):
+    """T^2 * KL(softmax(teacher/T) || softmax(student/T)), averaged over the batch."""
+    t = temperature
+    return F.kl_div(F.log_softmax(student / t, dim=1), F.log_softmax(teacher / t, dim=1),
+                    reduction="batchmean", log_target=True) * (t * t)
+
+
+def dkd(student, teacher, target, temperature, alpha=1.0, beta=8.0):
+    """Decoupled KD: T^2 * (alpha * KL(b_t || b_s) + beta * KL(q_t || q_s)), batch mean, where b = (p[target],
+    1 - p[target]) is the binary split of softmax(z/T) and q = softmax over the non-target classes of z/T.
+    Computed in log space (log(1 - p[target]) as a log-sum-exp over the other classes), so a confident model
+    gives no log(0)."""
+    t = temperature
+    s, te = student / t, teacher / t
+    gt = F.one_hot(target, s.shape[1]).bool()
+    log_ps, log_pt = F.log_softmax(s, dim=1), F.log_softmax(te, dim=1)
+    masked_s, masked_t = s.masked_fill(gt, float("-inf")), te.masked_fill(gt, float("-inf"))
+    # log of the non-target mass: logsumexp over the other classes minus the log partition function
+    bin_s = torch.stack([log_ps[gt], torch.logsumexp(masked_s, 1) - torch.logsumexp(s, 1)], dim=1)
+    bin_t = torch.stack([log_pt[gt], torch.logsumexp(masked_t, 1) - torch.logsumexp(te, 1)], dim=1)
+    tckd = F.kl_div(bin_s, bin_t, reduction="batchmean", log_target=True)
+    q_s, q_t = F.log_softmax(masked_s, dim=1), F.log_softmax(masked_t, dim=1)
+    # the target class has probability 0 in both: drop it from the sum instead of computing 0 * (-inf - -inf)
+    nckd = (q_t.exp() * (q_t - q_s)).masked_fill(gt, 0.0).sum(1).mean()
+    return (alpha * tckd + beta * nckd) * (t * t)
+
+
+def _pearson_rows(a, b, eps=1e-8):
+    """Pearson correlation of each row of a with the same row of b (the DIST paper's cosine of centred rows)."""
+    a = a - a.mean(1, keepdim=True)
+    b = b - b.mean(1, keepdim=True)
+    return (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1) + eps)
+
+
+def dist(student, teacher, temperature, beta=1.0, gamma=1.0):
+    """DIST: tau^2 * (beta * inter + gamma * intra) on p = softmax(z/tau); inter = 1 - mean over samples of the
+    Pearson correlation of the student's and teacher's class probabilities, intra = 1 - mean over classes of
+    the correlation across the batch. The intra term relates the samples of one batch (per process under
+    DDP, as in the paper's code)."""
+    t = temperature
+    p_s, p_t = F.softmax(student / t, dim=1), F.softmax(teacher / t, dim=1)
+    inter = 1.0 - _pearson_rows(p_s, p_t).mean()
+    intra = 1.0 - _pearson_rows(p_s.t(), p_t.t()).mean()
+    return (t * t) * (beta * inter + gamma * intra)
+
+
+def standardize(logits, eps=1e-7):
+    """Each sample's logits minus their mean, over their (unbiased) standard deviation."""
+    return (logits - logits.mean(1, keepdim=True)) / (logits.std(1, keepdim=True) + eps)
+
+
+def standardized(student, teacher, temperature):
+    """Hinton KD on standardized logits (z-score per sample, student and teacher alike), T^2 * KL."""
+    return hinton(standardize(student), standardize(teacher), temperature)
+
+
+def logit_loss(method, student, teacher, target, temperature, params):
+    """The named method's loss; `params` holds its own parameters (dkd: alpha, beta; dist: beta, gamma)."""
+    if method == "hinton":
+        return hinton(student, teacher, temperature)
+    if method == "dkd":
+        return dkd(student, teacher, target, temperature, params["alpha"], params["beta"])
+    if method == "dist":
+        return dist(student, teacher, temperature, params["beta"], params["gamma"])
+    if method == "standardized":
+        return standardized(student, teacher, temperature)
+    raise ValueError(f"unknown distillation method '{method}'")

@@ -1,0 +1,380 @@
+"""The teacher-output store: the frozen teacher's outputs for every (image, view), computed once, kept on disk
+in the run directory (`distill/teacher_outputs/`), memory-mapped for reading, and reused by every later distill
+run whose teacher, data and views are unchanged - another student, other loss weights, another training seed,
+a rerun after a crash (which resumes the build where it stopped).
+
+What is stored, per (image, view):
+  - the teacher's logits in fp16: all of them when there are few classes (`distill.store.top_k: null` keeps
+    all up to 100 classes), else the top k with their class indices and the log-sum-exp of the other logits.
+    A loss gets a full logit vector back: the top k exact, and every other class one shared value chosen so
+    that, at temperature 1, the mass outside the top k is exactly what the teacher gave it, spread evenly over
+    those classes (so softmax(top-k logits) are the teacher's own probabilities). At other temperatures the
+    rest stays evenly spread - what FKD (Shen & Xing, ECCV 2022) does with its stored soft labels.
+  - with the cosine loss, the teacher layer's output reduced to the student's width, in fp16.
+  - never the hint loss's feature maps (kilobytes per image): with a hint the teacher runs on every batch.
+
+Layout: chunks of up to ROWS_PER_CHUNK rows, chunk c = (view c // blocks, samples of block c % blocks), each a
+safetensors file whose metadata carries the store key and the sha256 of each of its tensors, so a chunk
+checks itself: a truncated file or a changed byte is found and that chunk is rebuilt. All ranks compute
+chunks in parallel (round-robin); rank 0 writes them (it alone writes in a run directory), each atomically,
+and writes `store.json` (the key's fields, every chunk's sha256) when the last one is in. Every rank reads
+through memory maps of the same files: nothing is all-gathered, and the memory a process holds is a chunk
+while building and the pages it touches while training (shared, file-backed page cache).
+"""
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+
+import numpy as np
+import torch
+
+from compress.errors import InputError
+from compress.fileio import atomic_write_bytes, atomic_write_json, dumps, read_json
+from compress.training import distributed as dist
+from compress.training import interrupt
+from compress.training.checkpoint import serialize
+
+log = logging.getLogger(__name__)
+
+FORMAT = "compress-teacher-outputs/1"
+ROWS_PER_CHUNK = 65536
+DENSE_UP_TO = 100
+DEFAULT_TOP_K = 10
+_NUMPY = {"F16": np.float16, "F32": np.float32, "U8": np.uint8, "I16": np.int16, "I32": np.int32}
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreSpec:
+    """Everything that determines the stored values; its hash is the store's key."""
+
+    teacher_sha256: str
+    teacher_model: str
+    data_fingerprint: str
+    samples: int
+    views: int
+    classes: int
+    top_k: int  # == classes: every logit is kept
+    augment: dict  # the views' parameters (crop, flip, mixing, view seed)
+    precision: str  # the autocast the teacher ran under
+    cosine_layer: str = ""
+    cosine_width: int = 0  # 0: no features stored
+    rows_per_chunk: int = ROWS_PER_CHUNK
+
+    @property
+    def key(self):
+        return hashlib.sha256(dumps(dataclasses.asdict(self)).encode()).hexdigest()[:16]
+
+    @property
+    def dense(self):
+        return self.top_k >= self.classes
+
+    @property
+    def blocks(self):
+        return -(-self.samples // self.rows_per_chunk)
+
+    @property
+    def chunks(self):
+        return self.views * self.blocks
+
+    @property
+    def index_dtype(self):
+        return torch.uint8 if self.classes <= 256 else torch.int16 if self.classes <= 32767 else torch.int32
+
+    def bytes_per_row(self):
+        """Bytes stored per (image, view): fp16 logits (top k + indices + the rest's log-sum-exp) and features."""
+        if self.dense:
+            logits = 2 * self.classes
+        else:
+            logits = 2 * self.top_k + self.top_k * torch.tensor([], dtype=self.index_dtype).element_size() + 4
+        return logits + 2 * self.cosine_width
+
+    def total_bytes(self):
+        return self.bytes_per_row() * self.samples * self.views
+
+    def chunk_rows(self, c):
+        block = c % self.blocks
+        return range(block * self.rows_per_chunk, min((block + 1) * self.rows_per_chunk, self.samples))
+
+    def difference(self, old):
+        """Why a store with the spec `old` (a dict) cannot serve this one, in words."""
+        words = {"teacher_sha256": "the teacher changed", "teacher_model": "the teacher model changed",
+                 "data_fingerprint": "the training images changed", "samples": "the number of images changed",
+                 "views": "the number of views changed", "classes": "the number of classes changed",
+                 "top_k": "distill.store.top_k changed", "augment": "the augmentation of the views changed",
+                 "precision": "the teacher's precision changed", "cosine_layer": "the cosine layer changed",
+                 "cosine_width": "the cosine width changed", "rows_per_chunk": "the chunk size changed"}
+        for name, value in dataclasses.asdict(self).items():
+            if old.get(name) != value:
+                return words.get(name, f"{name} changed")
+        return "it is not a store of this format"
+
+
+def default_top_k(classes, top_k=None):
+    """distill.store.top_k: as given, or every logit up to DENSE_UP_TO classes, else DEFAULT_TOP_K."""
+    if top_k is not None:
+        return min(top_k, classes)
+    return classes if classes <= DENSE_UP_TO else DEFAULT_TOP_K
+
+
+def pack_logits(logits, spec):
+    """{tensor name: tensor} for the rows of one chunk (float logits in, fp16 out)."""
+    logits = logits.float()
+    if spec.dense:
+        return {"values": logits.half()}
+    values, indices = logits.topk(spec.top_k, dim=1)
+    rest = torch.logsumexp(logits.scatter(1, indices, float("-inf")), dim=1)
+    return {"values": values.half(), "indices": indices.to(spec.index_dtype), "rest": rest}
+
+
+def unpack_logits(packed, spec):
+    """Full float32 logits from packed rows: the top k exact, the other classes one shared value that gives
+    them the teacher's remaining mass at T = 1, evenly (see the module docstring)."""
+    values = packed["values"].float()
+    if spec.dense:
+        return values
+    others = spec.classes - spec.top_k
+    filler = packed["rest"].float() - math.log(others)
+    full = filler[:, None].expand(len(values), spec.classes).clone()
+    return full.scatter_(1, packed["indices"].long(), values)
+
+
+class TeacherOutputStore:
+    """One store folder. `prepare(env)` finds out what is there (reusable, to resume, to rebuild - and why);
+    `build(...)` computes what is missing; `lookup(indices, views)` reads outputs back through memory maps."""
+
+    def __init__(self, folder, spec):
+        self.folder, self.spec = folder, spec
+        self.maps = {}
+
+    @property
+    def manifest_path(self):
+        return os.path.join(self.folder, "store.json")
+
+    def chunk_path(self, c):
+        return os.path.join(self.folder, f"chunk-{c:06d}.safetensors")
+
+    # ------------------------------------------------------------------ what is there
+
+    def prepare(self, env):
+        """{"status": "reuse" | "resume" | "build" | "rebuild", "reason": words, "missing": [chunk ids]}, the same
+        on every rank. Every present chunk is checked (each rank a share), so a damaged one is rebuilt, not used."""
+        head = dist.on_main(env, self._read_head)
+        if head["stale"]:
+            return {"status": "rebuild", "reason": head["stale"], "missing": list(range(self.spec.chunks))}
+        present = head["present"]
+        damaged = self._check_chunks(env, present)
+        missing = [c for c in range(self.spec.chunks) if c not in present or c in damaged]
+        if not missing and head["complete"]:
+            return {"status": "reuse", "reason": "teacher, images and views unchanged", "missing": []}
+        if damaged:
+            reason = f"{len(damaged)} damaged chunk(s) found ({os.path.basename(self.chunk_path(damaged[0]))}, ...)"
+            return {"status": "rebuild", "reason": reason, "missing": missing}
+        if len(missing) < self.spec.chunks:
+            return {"status": "resume", "reason": f"{self.spec.chunks - len(missing)} of {self.spec.chunks} chunks "
+                                                  "already built", "missing": missing}
+        return {"status": "build", "reason": "no store yet", "missing": missing}
+
+    def _read_head(self):
+        present = sorted(c for c in range(self.spec.chunks) if os.path.isfile(self.chunk_path(c)))
+        if not os.path.isfile(self.manifest_path):
+            return {"stale": "", "present": present, "complete": False}
+        try:
+            old = read_json(self.manifest_path, "teacher-output store manifest")
+        except InputError:
+            return {"stale": "its store.json is unreadable", "present": [], "complete": False}
+        if not isinstance(old, dict) or old.get("format") != FORMAT or old.get("key") != self.spec.key:
+            spec = old.get("spec") if isinstance(old, dict) and isinstance(old.get("spec"), dict) else {}
+            return {"stale": self.spec.difference(spec), "present": [], "complete": False}
+        return {"stale": "", "present": present, "complete": True}
+
+    def _check_chunks(self, env, present):
+        flags = torch.zeros(self.spec.chunks, dtype=torch.long)
+        for c in present[env.rank::env.world]:
+            if not self._chunk_ok(c):
+                flags[c] = 1
+        flags = dist.all_reduce(env, flags, op="max")
+        return [c for c in range(self.spec.chunks) if flags[c]]
+
+    def _chunk_ok(self, c):
+        """The chunk file is whole, of this store, and every tensor's bytes hash to what its metadata says."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        try:
+            with open(self.chunk_path(c), "rb") as f:
+                data = f.read()
+            tensors = load(data)
+            meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
+            sums = json.loads(meta.get("sha256", "{}"))
+        except (OSError, ValueError, SafetensorError, RuntimeError):
+            return False
+        if meta.get("store") != self.spec.key or meta.get("chunk") != str(c) or set(sums) != set(tensors):
+            return False
+        return all(_sha256(t) == sums[name] for name, t in tensors.items())
+
+    # ------------------------------------------------------------------ building
+
+    def check_disk(self, missing):
+        """One clear line, before any training, when the chunks still to build do not fit on the disk."""
+        need = self.spec.bytes_per_row() * sum(len(self.spec.chunk_rows(c)) for c in missing)
+        folder = self.folder
+        while not os.path.isdir(folder):
+            folder = os.path.dirname(folder)
+        free = shutil.disk_usage(folder).free
+        if need > free * 0.95:
+            raise InputError(
+                f"distill: the teacher-output store needs {need / 1e9:.2f} GB more ({self.spec.views} views x "
+                f"{self.spec.samples:,} images x {self.spec.bytes_per_row()} bytes) but {folder} has "
+                f"{free / 1e9:.2f} GB free; lower distill.views or distill.store.top_k, or set "
+                "distill.store.enabled=false to run the teacher on every batch")
+
+    def build(self, teacher, dataset, env, batch_size, inputs, missing, autocast=contextlib.nullcontext):
+        """Compute the missing chunks (ranks round-robin; rank 0 writes each), then store.json. The teacher runs
+        under `autocast()` (the training's precision). A stop request (Ctrl-C) ends the build after the current
+        batch; chunks already written stay and a rerun resumes."""
+        if env.is_main:
+            os.makedirs(self.folder, exist_ok=True)
+            if os.path.isfile(self.manifest_path):  # stale (or damaged): this store is being rebuilt
+                os.unlink(self.manifest_path)
+        dist.barrier(env)
+        start = time.perf_counter()
+        for first in range(0, len(missing), env.world):
+            mine = missing[first + env.rank] if first + env.rank < len(missing) else None
+            packed = self._compute(mine, teacher, dataset, batch_size, inputs, autocast) if mine is not None else None
+            interrupt.stop_if_asked("while computing the teacher's outputs (the chunks written so far are kept)",
+                                    env, what="resume the build")
+            for c, tensors in self._gather(env, mine, packed):
+                if env.is_main:
+                    self._write_chunk(c, tensors)
+        if env.is_main:
+            self._write_manifest(time.perf_counter() - start, env.world)
+        dist.barrier(env)
+
+    def _compute(self, c, teacher, dataset, batch_size, inputs, autocast):
+        view, rows = c // self.spec.blocks, list(self.spec.chunk_rows(c))
+        parts = []
+        for i in range(0, len(rows), batch_size):
+            if interrupt.local_request():
+                return None
+            samples = rows[i:i + batch_size]
+            with autocast():
+                out = teacher(inputs(dataset.batch(samples, views=[view] * len(samples)).x))
+            part = pack_logits(out["logits"].cpu(), self.spec)
+            if self.spec.cosine_width:
+                part["cosine"] = out["cosine"].float().cpu().half()
+            parts.append(part)
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def _gather(self, env, c, packed):
+        """[(chunk id, tensors)] of this round, on rank 0 (every rank's chunk, padded to the chunk size to
+        all-gather, then cut back); [] elsewhere."""
+        if not env.distributed:
+            return [(c, packed)] if packed is not None else []
+        rows = self.spec.rows_per_chunk
+        ids = dist.all_gather_tensor(env, torch.tensor([c if packed is not None else -1]))
+        out = [[] for _ in range(env.world)]
+        for name, template in self._templates().items():
+            mine = torch.zeros((rows, *template.shape[1:]), dtype=template.dtype)
+            if packed is not None:
+                mine[:len(packed[name])] = packed[name]
+            for r, t in enumerate(dist.all_gather_tensor(env, mine)):
+                out[r].append((name, t))
+        gathered = []
+        for r, cid in enumerate(ids.view(-1).tolist()):
+            if cid >= 0:
+                n = len(self.spec.chunk_rows(cid))
+                gathered.append((cid, {name: t[:n] for name, t in out[r]}))
+        return gathered
+
+    def _templates(self):
+        """One empty row of each tensor a chunk holds (its dtype and row shape)."""
+        s = self.spec
+        t = {"values": torch.zeros(1, s.classes if s.dense else s.top_k, dtype=torch.float16)}
+        if not s.dense:
+            t["indices"] = torch.zeros(1, s.top_k, dtype=s.index_dtype)
+            t["rest"] = torch.zeros(1, dtype=torch.float32)
+        if s.cosine_width:
+            t["cosine"] = torch.zeros(1, s.cosine_width, dtype=torch.float16)
+        return t
+
+    def _write_chunk(self, c, tensors):
+        tensors = {k: v.contiguous() for k, v in tensors.items()}
+        meta = {"format": FORMAT, "store": self.spec.key, "chunk": str(c),
+                "sha256": json.dumps({k: _sha256(v) for k, v in tensors.items()}, sort_keys=True)}
+        atomic_write_bytes(self.chunk_path(c), serialize(tensors, meta))
+
+    def _write_manifest(self, seconds, world):
+        chunks = {}
+        for c in range(self.spec.chunks):
+            with open(self.chunk_path(c), "rb") as f:
+                chunks[os.path.basename(self.chunk_path(c))] = hashlib.sha256(f.read()).hexdigest()
+        for name in os.listdir(self.folder):  # chunks of a larger store that stood here before
+            if name.startswith("chunk-") and name not in chunks and not name.startswith("."):
+                os.unlink(os.path.join(self.folder, name))
+        atomic_write_json(self.manifest_path, {
+            "format": FORMAT, "key": self.spec.key, "spec": dataclasses.asdict(self.spec), "chunks": chunks,
+            "bytes": self.spec.total_bytes(), "bytes_per_row": self.spec.bytes_per_row(),
+            "last_build": {"seconds": round(seconds, 2), "processes": world}})
+
+    # ------------------------------------------------------------------ reading
+
+    def open(self):
+        """Memory-map every chunk's tensors (no data is read until a lookup touches it)."""
+        self.maps = {c: _memory_map(self.chunk_path(c)) for c in range(self.spec.chunks)}
+        return self
+
+    def lookup(self, indices, views, device):
+        """{"logits": float32 (B, classes)[, "cosine": float32 (B, width)]} for samples `indices` in `views`."""
+        indices, views = np.asarray(indices, dtype=np.int64), np.asarray(views, dtype=np.int64)
+        rows = indices % self.spec.rows_per_chunk
+        chunk = views * self.spec.blocks + indices // self.spec.rows_per_chunk
+        names = self._templates()
+        packed = {name: torch.empty((len(indices), *t.shape[1:]), dtype=t.dtype) for name, t in names.items()}
+        for c in np.unique(chunk):
+            where = np.nonzero(chunk == c)[0]
+            for name in names:
+                packed[name][torch.from_numpy(where)] = torch.from_numpy(np.ascontiguousarray(
+                    self.maps[int(c)][name][rows[where]]))
+        out = {"logits": unpack_logits(packed, self.spec).to(device, non_blocking=True)}
+        if "cosine" in packed:
+            out["cosine"] = packed["cosine"].float().to(device, non_blocking=True)
+        return out
+
+    def describe(self, plan, seconds=None):
+        s = self.spec
+        info = {"mode": "stored", "status": plan["status"], "reason": plan["reason"], "key": s.key,
+                "views": s.views, "samples": s.samples, "top_k": s.top_k, "dense": s.dense,
+                "bytes_per_row": s.bytes_per_row(), "megabytes": round(s.total_bytes() / 1e6, 2),
+                "chunks": s.chunks, "chunks_built": len(plan["missing"])}
+        if seconds is not None:
+            info["seconds"] = round(seconds, 2)
+        return info
+
+
+def _sha256(tensor):
+    return hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def _memory_map(path):
+    """{tensor name: numpy memmap} of a safetensors file, read-only (the format: 8-byte header size, JSON header,
+    then each tensor's bytes at its data_offsets)."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    base = 8 + size
+    maps = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, _ = info["data_offsets"]
+        shape = tuple(info["shape"])
+        maps[name] = np.memmap(path, dtype=_NUMPY[info["dtype"]], mode="r", offset=base + start, shape=shape) \
+            if all(shape) else np.zeros(shape, dtype=_NUMPY[info["dtype"]])
+    return maps

@@ -1,0 +1,68 @@
+"""The models of distillation: the student with its training-only hint regressor, and the frozen teacher whose
+outputs (logits, and the hidden features the cosine and hint losses compare) come from forward hooks on the
+unmodified models."""
+
+import torch
+from torch import nn
+
+from compress.distill.feature_losses import reduce_width
+from compress.models.features import FeatureTap
+
+
+class StudentWithRegressor(nn.Module):
+    """The student plus its training-only hint regressor, trained as one module inside one DDP wrapper (so
+    the regressor's gradients are synchronised too). Returns logits and the features the losses need."""
+
+    def __init__(self, student, cosine_layer=None, hint_layer=None, regressor=None):
+        super().__init__()
+        self.student = student
+        self.regressor = regressor
+        self.cosine_layer, self.hint_layer = cosine_layer, hint_layer
+        self.tap = FeatureTap(student, [n for n in (cosine_layer, hint_layer) if n], role="student")
+
+    def forward(self, x):
+        logits = self.student(x)
+        cosine = self.tap.outputs.get(self.cosine_layer) if self.cosine_layer else None
+        hint = None
+        if self.hint_layer and self.regressor is not None:
+            features = self.tap.outputs[self.hint_layer]
+            hint = self.regressor(features.flatten(1) if isinstance(self.regressor, nn.Linear) else features)
+        return logits, cosine, hint
+
+
+class FrozenTeacher:
+    """The teacher in eval mode, without gradients, never wrapped in DDP. Called on a batch, it returns its
+    logits and, when asked for, the cosine layer's output reduced to `cosine_width` and the hint layer's
+    feature map."""
+
+    def __init__(self, teacher, cosine_layer=None, hint_layer=None, cosine_width=None):
+        self.model = teacher.eval().requires_grad_(False)
+        self.cosine_layer, self.hint_layer, self.cosine_width = cosine_layer, hint_layer, cosine_width
+        self.tap = FeatureTap(teacher, [n for n in (cosine_layer, hint_layer) if n], role="teacher")
+
+    @torch.no_grad()
+    def __call__(self, x):
+        out = {"logits": self.model(x)}
+        if self.cosine_layer:
+            out["cosine"] = reduce_width(self.tap.outputs[self.cosine_layer], self.cosine_width)
+        if self.hint_layer:
+            out["hint"] = self.tap.outputs[self.hint_layer]
+        return out
+
+
+def feature_shapes(student, teacher, student_layers, teacher_layers, example):
+    """{("student" | "teacher", layer): feature shape without the batch}, from one forward pass in eval mode."""
+    shapes = {}
+    for role, model, layers in (("student", student, student_layers), ("teacher", teacher, teacher_layers)):
+        if not layers:
+            continue
+        tap = FeatureTap(model, layers, role=role)
+        was_training = model.training
+        try:
+            with torch.no_grad():
+                model.eval()(example)
+        finally:
+            model.train(was_training)
+            tap.remove()
+        shapes.update({(role, k): tuple(v.shape[1:]) for k, v in tap.outputs.items()})
+    return shapes

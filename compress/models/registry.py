@@ -1,0 +1,73 @@
+"""The model registry: name -> builder(in_channels, image_size, num_classes) -> nn.Module, and the one function
+that builds any model name the config can hold (a registry name, `torchvision:<builder>`, `<module>:<function>`).
+"""
+
+import difflib
+
+from compress.errors import InputError
+from compress.models import sources
+from compress.models.architectures import CifarResNet, CompactCNN, DeepCNN, LightCNN, _mobilenet_v2, _resnet18
+
+MODELS = {
+    "deep_cnn": lambda c, s, n: DeepCNN(c, s, n),
+    "light_cnn": lambda c, s, n: LightCNN(c, s, n),
+    "compact_cnn": lambda c, s, n: CompactCNN(c, s, n),
+    "resnet8": lambda c, s, n: CifarResNet(c, n, n=1),
+    "resnet14": lambda c, s, n: CifarResNet(c, n, n=2),
+    "resnet20": lambda c, s, n: CifarResNet(c, n, n=3),
+    "resnet18": lambda c, s, n: _resnet18(c, s, n),
+    "mobilenet_v2": lambda c, s, n: _mobilenet_v2(c, s, n),
+    "quantizable_resnet18": lambda c, s, n: _resnet18(c, s, n, quantizable=True),
+    "quantizable_mobilenet_v2": lambda c, s, n: _mobilenet_v2(c, s, n, quantizable=True),
+}
+
+DESCRIPTIONS = {
+    "deep_cnn": "KD-tutorial teacher: 4 convs (128, 64, 64, 32), 2 pools, MLP 512",
+    "light_cnn": "KD-tutorial student: 2 convs (16, 16), 2 pools, MLP 256",
+    "compact_cnn": "int8-friendly student: conv-BN-ReLU x3 (32, 64, 64), global pool, linear",
+    "resnet8": "CIFAR ResNet-8 (He et al. 2016): 3 stages of 1 basic block, 16/32/64 wide, 78k parameters",
+    "resnet14": "CIFAR ResNet-14: 3 stages of 2 basic blocks, 16/32/64 wide, 175k parameters",
+    "resnet20": "CIFAR ResNet-20: 3 stages of 3 basic blocks, 16/32/64 wide, 272k parameters",
+    "resnet18": "torchvision resnet18 (CIFAR-style stem below 64 px)",
+    "mobilenet_v2": "torchvision mobilenet_v2 (stride-1 stem below 64 px)",
+    "quantizable_resnet18": "torchvision.models.quantization resnet18 (quant stubs, FloatFunctional adds)",
+    "quantizable_mobilenet_v2": "torchvision.models.quantization mobilenet_v2",
+}
+
+
+def build_model(name, input_shape, num_classes):
+    """Build a model (registry name, torchvision:<builder> or module:function; see compress.model_sources) for
+    (channels, height, width) inputs with a deterministic initialisation (callers seed torch first)."""
+    channels, height, width = input_shape
+    if name in MODELS:
+        return MODELS[name](channels, (height, width), num_classes)
+    return sources.build_from_source(name, channels, (height, width), num_classes)
+
+
+def count_parameters(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def source_problem(name):
+    """Why `name` cannot be built, or None (checked before anything is written)."""
+    if name in MODELS:
+        return None
+    if name.startswith(sources.TORCHVISION):
+        builder = name[len(sources.TORCHVISION):]
+        known = sources.torchvision_builders()
+        if builder in known:
+            return None
+        close = difflib.get_close_matches(builder, known, n=1)
+        hint = f" (did you mean 'torchvision:{close[0]}'?)" if close else ""
+        return (f"torchvision has no classification model '{builder}'{hint}; see "
+                "torchvision.models.list_models() for the names")
+    if ":" in name:
+        try:
+            sources.user_function(name)
+        except InputError as e:
+            return str(e)
+        return None
+    close = difflib.get_close_matches(name, list(MODELS), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return (f"unknown model '{name}'{hint}; choose one of {', '.join(MODELS)}, or torchvision:<builder>, or "
+            "<module>:<function>")

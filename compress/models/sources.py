@@ -1,0 +1,80 @@
+"""Models that are not in the registry: `torchvision:<builder>` (any torchvision classification builder:
+resnet50, efficientnet_b0, ...) and `<module>:<function>`, the user's own code: `function(num_classes=,
+in_channels=, image_size=)` (it receives only the arguments its signature names) returns an nn.Module; the
+module is imported from the working directory or an installed package - it is code the user trusts, run as is.
+"""
+
+import importlib
+import inspect
+import logging
+import os
+import sys
+
+from torch import nn
+
+from compress.errors import InputError
+
+log = logging.getLogger(__name__)
+
+TORCHVISION = "torchvision:"
+
+
+def torchvision_builders():
+    import torchvision.models
+    from torchvision.models import list_models
+
+    return list_models(module=torchvision.models)
+
+
+def user_function(name):
+    module_name, _, function_name = name.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `python -m`/console scripts: the working directory is where users' code is
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise InputError(f"cannot import module '{module_name}' for model '{name}' ({e}); run compress from the "
+                         "folder that holds it, or install it") from None
+    except Exception as e:  # the user's module failed while importing: say where
+        raise InputError(f"importing '{module_name}' for model '{name}' failed ({e.__class__.__name__}: "
+                         f"{str(e)[:160]})") from None
+    fn = getattr(module, function_name, None)
+    if not callable(fn):
+        raise InputError(f"module '{module_name}' has no function '{function_name}' (model '{name}')")
+    return fn
+
+
+def build_from_source(name, in_channels, image_size, num_classes):
+    """A torchvision or user model; registry names are built by compress.models.build_model."""
+    if name.startswith(TORCHVISION):
+        from torchvision.models import get_model_builder
+
+        model = get_model_builder(name[len(TORCHVISION):])(weights=None, num_classes=num_classes)
+        return adapt_input_channels(model, in_channels)
+    fn = user_function(name)
+    offered = {"num_classes": num_classes, "in_channels": in_channels, "image_size": tuple(image_size)}
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: offer everything
+        params = {}
+    takes_all = not params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+    try:
+        model = fn(**{k: v for k, v in offered.items() if takes_all or k in params})
+    except Exception as e:
+        raise InputError(f"model function '{name}' failed ({e.__class__.__name__}: {str(e)[:160]})") from None
+    if not isinstance(model, nn.Module):
+        raise InputError(f"model function '{name}' returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def adapt_input_channels(model, in_channels):
+    """Replace the first convolution when the images have another channel count than the model expects."""
+    for parent in model.modules():
+        for child_name, child in parent.named_children():
+            if isinstance(child, nn.Conv2d):
+                if child.in_channels != in_channels:
+                    setattr(parent, child_name, nn.Conv2d(
+                        in_channels, child.out_channels, child.kernel_size, child.stride, child.padding,
+                        child.dilation, child.groups if child.groups == 1 else in_channels, child.bias is not None))
+                return model
+    return model

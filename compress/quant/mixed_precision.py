@@ -1,0 +1,121 @@
+"""Latency-aware mixed precision: which layers of the student to keep in float because their int8 form costs
+more than it saves - decided *before* QAT from onnxruntime measurements, so that fake-quant training matches
+the exported model.
+
+Each candidate is the real export path without training: prepare with the layers in question kept float
+(QConfigMapping.set_module_name(name, None)), calibrate the observers on a few validation batches, convert,
+export, and time with onnxruntime on real validation images, interleaved with the current best (min of
+several rounds: the least noise-prone estimate on a shared machine). Greedy from "every layer int8": try
+keeping float the stem (a first convolution on few channels), the classifier, and the depthwise convolutions;
+a group stays float only when the whole model gets faster by more than `margin`; a kept stem grows into a
+longer float prefix while that keeps paying.
+"""
+
+import copy
+import logging
+import os
+import tempfile
+
+import torch
+from torch import nn
+
+from compress.deploy.latency import compare_latency
+from compress.deploy.onnx_model import OnnxModel
+from compress.quant import fx
+from compress.quant.onnx_export import export_onnx
+
+log = logging.getLogger(__name__)
+
+
+def quantizable_layers(model):
+    """Names of the Conv2d / Linear modules (the layers that get int8 weights), in module order."""
+    return [name for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+
+
+def candidate_groups(model):
+    """[(label, [layer names])] to try keeping float, cheapest-to-keep first."""
+    layers = quantizable_layers(model)
+    modules = dict(model.named_modules())
+    groups = [("stem", layers[:1]), ("classifier", layers[-1:])]
+    depthwise = [n for n in layers if isinstance(modules[n], nn.Conv2d) and modules[n].groups > 1
+                 and modules[n].groups == modules[n].in_channels]
+    if depthwise:
+        groups.append(("depthwise convolutions", depthwise))
+    return [(label, g) for label, g in groups if g], layers
+
+
+class Timer:
+    """int8 candidates of one float model, built and timed the way the export stage will ship them."""
+
+    def __init__(self, float_model, calibration, timing_batch, qcfg, threads, opset=17):
+        self.float_model, self.calibration, self.x = float_model, calibration, timing_batch.numpy()
+        self.qcfg, self.threads, self.opset = qcfg, threads, opset
+        self.tmp = tempfile.TemporaryDirectory(prefix="compress-mixed-")
+        self.sessions = {}
+
+    def session(self, float_layers):
+        key = tuple(sorted(float_layers))
+        if key not in self.sessions:
+            path = os.path.join(self.tmp.name, f"c{len(self.sessions)}.onnx")
+            model = self.float_model if key == ("<all>",) else self._int8(list(key))
+            export_onnx(model, self.calibration[0][:2], path, self.opset, {})
+            self.sessions[key] = OnnxModel(path, threads=self.threads, require_metadata=False)
+        return self.sessions[key]
+
+    def _int8(self, float_layers):
+        q = self.qcfg
+        torch.manual_seed(0)
+        prepared = fx.prepare(copy.deepcopy(self.float_model), self.calibration[0][:2], q.backend,
+                                 q.activation_range, q.per_channel, float_layers)
+        prepared.eval()
+        with torch.no_grad():
+            for x in self.calibration:
+                prepared(x)
+        return fx.convert(prepared)
+
+    def compare(self, *choices, rounds=5):
+        """{choice: best ms} for float-layer choices ("<all>" = the float model), measured interleaved."""
+        models = {i: self.session(c) for i, c in enumerate(choices)}
+        times = compare_latency(models, self.x, rounds=rounds)
+        return [times[i]["min_ms"] for i in range(len(choices))]
+
+    def close(self):
+        self.tmp.cleanup()
+
+
+def choose_float_layers(timer, model, margin=0.05, stop=None):
+    """(float layer names, figures) - the greedy choice described in the module docstring."""
+    groups, layers = candidate_groups(model)
+    fp32_ms, best_ms = timer.compare(("<all>",), ())
+    figures = {"fp32_ms": round(fp32_ms, 4), "all_int8_ms": round(best_ms, 4), "tried": []}
+    chosen = []
+    for label, group in groups:
+        if stop:
+            stop()
+        trial = sorted(set(chosen) | set(group))
+        current_ms, trial_ms = timer.compare(tuple(chosen), tuple(trial))
+        kept = trial_ms < current_ms * (1 - margin)
+        figures["tried"].append({"float": label, "layers": group, "int8_ms": round(current_ms, 4),
+                                 "with_float_ms": round(trial_ms, 4), "kept_float": kept})
+        if kept:
+            chosen, best_ms = trial, trial_ms
+            if label == "stem":
+                chosen, best_ms = _grow_prefix(timer, layers, chosen, best_ms, margin, figures)
+    figures["chosen_ms"] = round(best_ms, 4)
+    return chosen, figures
+
+
+def _grow_prefix(timer, layers, chosen, best_ms, margin, figures):
+    """With the stem float, the next layers may be cheaper in float too: extend the float prefix while it pays."""
+    for layer in layers[1:-1]:
+        if layer in chosen:
+            continue
+        trial = sorted(set(chosen) | {layer})
+        current_ms, trial_ms = timer.compare(tuple(chosen), tuple(trial))
+        kept = trial_ms < current_ms * (1 - margin)
+        figures["tried"].append({"float": f"prefix up to {layer}", "layers": [layer], "int8_ms": round(current_ms, 4),
+                                 "with_float_ms": round(trial_ms, 4), "kept_float": kept})
+        if not kept:
+            break
+        chosen, best_ms = trial, trial_ms
+    return chosen, best_ms

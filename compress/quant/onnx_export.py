@@ -1,0 +1,125 @@
+"""torch -> ONNX: export with the TorchScript exporter (the one that handles convert_fx int8 models, as
+QuantizeLinear/DequantizeLinear with int8 weights), attach metadata, check, and write atomically."""
+
+import contextlib
+import io
+import warnings
+
+import torch
+
+from compress.deploy.onnx_model import META_PREFIX
+from compress.errors import StageFailed
+from compress.fileio import atomic_write_bytes, dumps
+from compress.quant.qdq import clean_qdq
+
+
+@contextlib.contextmanager
+def _quiet_legacy_exporter():
+    # dynamo=False is deliberate (torch 2.14: the only exporter that handles convert_fx int8 models), so its
+    # "legacy exporter" and torch.jit.trace deprecation notices are expected; nothing else is filtered.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message="The feature will be removed", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.trace", category=FutureWarning)
+        # quantized activations (hardtanh/ReLU6 in mobilenets) read their scale as a Python number while tracing
+        warnings.filterwarnings("ignore", message="Converting a tensor to a Python", category=torch.jit.TracerWarning)
+        yield
+
+
+EXPORTER_MAX_OPSET = 20  # the TorchScript exporter's newest; newer opsets come from onnx's version converter
+
+
+def export_onnx(model, example, path, opset, metadata):
+    """Write `model` (eval, CPU) to `path` as one self-contained ONNX file with a dynamic batch axis and
+    `compress.*` metadata; onnx.checker (full check) must pass. Returns the ModelProto."""
+    import onnx
+
+    buffer = io.BytesIO()
+    try:
+        with _quiet_legacy_exporter(), torch.no_grad():
+            torch.onnx.export(model.eval(), (example,), buffer, dynamo=False,
+                              opset_version=min(opset, EXPORTER_MAX_OPSET),
+                              input_names=["input"], output_names=["logits"],
+                              dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+    except Exception as e:  # the exporter raises many types for unsupported operators
+        first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        raise StageFailed(f"export: torch.onnx.export failed for {path} ({first[:200]})") from None
+    proto = tidy(onnx.load_from_string(buffer.getvalue()))
+    if opset > EXPORTER_MAX_OPSET:
+        from onnx import version_converter
+
+        proto = version_converter.convert_version(proto, opset)
+    for key, value in metadata.items():
+        prop = proto.metadata_props.add()
+        prop.key, prop.value = META_PREFIX + key, value if isinstance(value, str) else dumps(value)
+    proto.producer_name = "compress"
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise StageFailed(f"export: onnx.checker rejected {path}: {str(e).splitlines()[0][:200]}") from None
+    atomic_write_bytes(path, proto.SerializeToString())
+    return proto
+
+
+def tidy(proto):
+    """Fold what the TorchScript exporter leaves as computations on constants into initializers (Constant,
+    Identity or Cast of a constant, ConstantOfShape of a constant shape), clean the QDQ pattern
+    (`compress.qdq`) and give internal tensors short names. The graph computes exactly the same thing (the
+    export stage re-checks parity); for a small int8 model the exporter's per-node overhead is otherwise a
+    large part of the file."""
+    from onnx import helper, numpy_helper
+
+    graph = proto.graph
+    consts = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    kept = []
+    for node in graph.node:
+        value = _fold(node, consts, helper, numpy_helper)
+        if value is None:
+            kept.append(node)
+        else:
+            consts[node.output[0]] = value
+    clean_qdq(kept, consts)
+    used = {name for node in kept for name in node.input} | {o.name for o in graph.output}
+    names = _short_names(graph, kept, used, consts)
+    for node in kept:
+        node.input[:] = [names.get(n, n) for n in node.input]
+        node.output[:] = [names.get(n, n) for n in node.output]
+        node.name = ""
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.initializer[:]
+    graph.initializer.extend(numpy_helper.from_array(v, names[k]) for k, v in consts.items() if k in used)
+    del graph.value_info[:]
+    return proto
+
+
+def _fold(node, consts, helper, numpy_helper):
+    import numpy as np
+
+    if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
+        return numpy_helper.to_array(node.attribute[0].t)
+    if node.op_type == "Identity" and node.input[0] in consts:
+        return consts[node.input[0]]
+    if node.op_type == "Cast" and node.input[0] in consts:
+        to = helper.get_attribute_value(node.attribute[0])
+        return consts[node.input[0]].astype(helper.tensor_dtype_to_np_dtype(to))
+    if node.op_type == "ConstantOfShape" and node.input[0] in consts:
+        fill = numpy_helper.to_array(node.attribute[0].t) if node.attribute else np.zeros(1, np.float32)
+        return np.full(tuple(consts[node.input[0]].tolist()), fill.reshape(-1)[0], dtype=fill.dtype)
+    return None
+
+
+def _short_names(graph, nodes, used, consts):
+    """Graph inputs/outputs keep their names; everything else becomes w<i> (constants) or t<i> (activations)."""
+    keep = {i.name for i in graph.input} | {o.name for o in graph.output}
+    names = {}
+    for name in consts:
+        if name in used and name not in keep:
+            names[name] = f"w{len(names)}"
+    count = 0
+    for node in nodes:
+        for out in node.output:
+            if out and out not in keep and out not in names:
+                names[out] = f"t{count}"
+                count += 1
+    return names

@@ -1,0 +1,99 @@
+"""Is the ONNX file what PyTorch computed, does it run int8 kernels, and is it faster: parity on the
+validation set (max |logit difference|, top-1 agreement, near-ties counted for int8), the kernels onnxruntime
+runs after its QDQ fusions, and the int8-vs-fp32 speed gate measured interleaved on real images."""
+
+import os
+
+import numpy as np
+import torch
+
+from compress.deploy.latency import compare_latency, speedup_text
+from compress.deploy.onnx_model import OnnxModel, read_onnx
+
+
+@torch.no_grad()
+def compare(torch_model, onnx_model, loader, tie=0.0):
+    """onnxruntime vs PyTorch on the validation set: max |logit difference|, top-1 agreement, accuracies.
+    `top1_within_tie` also counts an image as agreeing when onnxruntime's pick scores within `tie` of the best
+    class in PyTorch's own logits: a near-tie that a rounding difference may break either way. tie=None: two
+    steps of 8-bit resolution over the logits' range (what an int8 output would have, for logits left float)."""
+    torch_model.eval()
+    expected, got, labels = [], [], []
+    for x, y, *_ in loader:
+        expected.append(torch_model(x).numpy())
+        got.append(onnx_model(x.numpy()))
+        labels.append(y.numpy())
+    expected, got, labels = np.concatenate(expected), np.concatenate(got), np.concatenate(labels)
+    if tie is None:
+        tie = 2 * float(expected.max() - expected.min()) / 255
+    picked = got.argmax(1)
+    within = expected[np.arange(len(picked)), picked] >= expected.max(1) - tie
+    return {"max_abs_diff": float(np.abs(expected - got).max()),
+            "top1_agreement": float((expected.argmax(1) == picked).mean()), "top1_within_tie": float(within.mean()),
+            "tie": tie, "torch_acc": 100.0 * float((expected.argmax(1) == labels).mean()),
+            "onnx_acc": 100.0 * float((picked == labels).mean()), "samples": len(labels)}
+
+
+def output_step(path):
+    """The quantization step of an int8 model's logits (the scale of the DequantizeLinear that produces the
+    graph output), or None when the logits come out of a layer kept in float."""
+    from onnx import numpy_helper
+
+    graph = read_onnx(path).graph
+    consts = {t.name: t for t in graph.initializer}
+    producer = next((n for n in graph.node if graph.output[0].name in n.output), None)
+    if producer is None or producer.op_type != "DequantizeLinear" or producer.input[1] not in consts:
+        return None
+    scale = numpy_helper.to_array(consts[producer.input[1]])
+    return float(scale) if scale.size == 1 else None
+
+
+def checks(report, e):
+    fp32, int8 = report["fp32"], report["int8"]
+    return {
+        "fp32_parity": {"ok": (fp32["max_abs_diff"] <= e.fp32_max_abs_diff
+                               and fp32["top1_agreement"] >= e.fp32_min_agreement),
+                        "detail": f"max |diff| {fp32['max_abs_diff']:.2e} (limit {e.fp32_max_abs_diff:g}), top-1 "
+                                  f"agreement {fp32['top1_agreement']:.4f} (min {e.fp32_min_agreement})"},
+        "int8_parity": {"ok": int8["top1_within_tie"] >= e.int8_min_agreement,
+                        "detail": f"top-1 agreement with torch int8 {int8['top1_within_tie']:.4f} counting picks "
+                                  f"within {int8['tie']:.3g} (2 steps of 8-bit logits) of torch's best as ties, exact "
+                                  f"{int8['top1_agreement']:.4f} (min {e.int8_min_agreement}), "
+                                  f"max |diff| {int8['max_abs_diff']:.3f}"},
+        "int8_kernels": {"ok": bool(report["int8_kernels"]),
+                         "detail": "onnxruntime runs " + (", ".join(report["int8_kernels"]) or
+                                                          "no int8 kernels after optimisation")},
+        "int8_speed": _speed_check(report["speed"], e),
+    }
+
+
+def _speed_check(speed, e):
+    ratio = speed["speedup"]
+    detail = (f"int8 {speed['int8_ms']:.2f} ms vs fp32 {speed['fp32_ms']:.2f} ms at batch {speed['batch']}, "
+              f"{speed['threads']} threads: {speedup_text(ratio)} (needed {e.min_int8_speedup:g}x)")
+    if ratio < e.min_int8_speedup:
+        detail += ("; keep more layers in float (qat.float_layers), choose a student with more channels per layer, "
+                   "or accept it with export.min_int8_speedup=0")
+    return {"ok": ratio >= e.min_int8_speedup, "detail": detail}
+
+
+def speed_gate(paths, images, e, stop=None):
+    """int8 vs fp32 at the largest latency batch on all cores, on real validation images, interleaved in
+    rounds; the ratio of the two minima (the estimate least disturbed by other processes). A ratio below
+    export.min_int8_speedup is measured once more, longer, before it can fail the stage."""
+    batch, threads = len(images), os.cpu_count() or 1
+    x = images.numpy()
+    models = {k: OnnxModel(p, threads=threads, require_metadata=False) for k, p in paths.items()}
+    attempts = []
+    for rounds in (5, 11):
+        times = compare_latency(models, x, rounds=rounds, stop=stop)
+        attempts.append({"rounds": rounds, "fp32_ms": round(times["fp32"]["min_ms"], 4),
+                         "int8_ms": round(times["int8"]["min_ms"], 4),
+                         "fp32_median_ms": round(times["fp32"]["median_ms"], 4),
+                         "int8_median_ms": round(times["int8"]["median_ms"], 4)})
+        if attempts[-1]["fp32_ms"] / attempts[-1]["int8_ms"] >= e.min_int8_speedup:
+            break
+    best = max(attempts, key=lambda a: a["fp32_ms"] / a["int8_ms"])
+    speedup = best["fp32_ms"] / best["int8_ms"]
+    return {"batch": batch, "threads": threads, "speedup": round(speedup, 4), "min_speedup": e.min_int8_speedup,
+            "fp32_ms": best["fp32_ms"], "int8_ms": best["int8_ms"], "attempts": attempts}

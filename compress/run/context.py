@@ -1,0 +1,124 @@
+"""What the pipeline hands a stage: its view of the config, the run directory, the process group, and its
+StageState (what to do and why: fresh, or resume part P from checkpoint X at epoch E, step S).
+
+The context binds the plain training loop to the stage's files: `session(...)` gives the loop's Session for one
+part of the stage - restored from the resume checkpoint the state names, checkpointing to `<stage>[/<part>]/last/`
+and writing metrics to `<stage>[/<part>]/metrics.json` - and `load_model` reads an upstream stage's weights,
+checked against the sha256 the manifest recorded for them.
+"""
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from compress import __version__
+from compress.data.sampling import eval_loader, train_loader
+from compress.fileio import atomic_write_json
+from compress.models.registry import build_model
+from compress.run.config import ConfigView
+from compress.run.rundir import RunDir
+from compress.run.state import StageState, checkpoint_rel
+from compress.training import distributed as dist
+from compress.training.checkpoint import load_training_state, load_weights, save_training_state, validate_resume_state
+from compress.training.distributed import DistEnv
+from compress.training.loop import ResumePoint, Session, reduce_sums
+from compress.training.precision import FP32, Precision
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StageContext:
+    cfg: ConfigView  # the stage's CONFIG_KEYS and `train`, nothing else
+    run: RunDir
+    env: DistEnv
+    state: StageState
+    begin: Callable = lambda: None  # call (every rank) after loading inputs, before writing anything
+
+    @property
+    def stage(self):
+        return self.state.stage
+
+    def stage_path(self, *parts):
+        return self.run.path(self.stage, *parts)
+
+    def part_path(self, part, *parts):
+        """`<stage>/...` for the stage's main model, `<stage>/<part>/...` for another one (the baseline)."""
+        return self.stage_path(*((part,) if part else ()), *parts)
+
+    def input_path(self, stage, output):
+        """Absolute path of a declared input, or None when an optional input is absent."""
+        rel = self.state.sources.get(f"{stage}:{output}")
+        return self.run.path(rel) if rel else None
+
+    def input_sha256(self, stage, output):
+        return self.state.inputs.get(self.state.sources.get(f"{stage}:{output}"))
+
+    def load_model(self, stage, model_name, data):
+        """Build `model_name` for the data's shape and load an upstream stage's weights (on the CPU), checking
+        sha256 against the manifest and the model name against the checkpoint's metadata."""
+        model = build_model(model_name, data.input_shape, data.num_classes)
+        meta = load_weights(model, self.input_path(stage, "model"), expect_stage=stage, expect_model=model_name,
+                            expect_sha256=self.input_sha256(stage, "model"))
+        return model, meta
+
+    def weights_metadata(self, model_name, data, parent=None):
+        """Metadata stored with a stage's final weights: enough to rebuild the model and its preprocessing."""
+        return {"stage": self.stage, "model": model_name, "config_hash": self.state.config_hash,
+                "parent_sha256": parent or "", "input_shape": list(data.input_shape),
+                "class_names": list(data.class_names), "mean": list(data.mean), "std": list(data.std),
+                "dataset": data.name, "compress_version": __version__}
+
+    def loaders(self, train_set, val_set, batch_size, key):
+        """(train, val) loaders for this rank: the global batch split over the processes, DataLoader workers
+        from train.num_workers, pinned memory on CUDA."""
+        env, t = self.env, self.cfg.train
+        per_rank = dist.per_rank_batch(batch_size, env, key)
+        pin = env.device.type == "cuda"
+        return (train_loader(train_set, per_rank, env.rank, env.world, self.cfg.seed, t.num_workers, pin),
+                eval_loader(val_set, t.eval_batch_size, env.rank, env.world, t.num_workers, pin))
+
+    def precision(self):
+        return Precision.for_run(self.cfg.train.precision, self.env.device)
+
+    def session(self, modules, optimizer, steps_per_epoch, epochs, part="", precision=FP32, extra=None):
+        """The loop's Session for one part of this stage: restored from its resume checkpoint when the state
+        says so (`modules`, name -> unwrapped module, and the optimizer are loaded in place), saving to
+        `<stage>[/<part>]/last/` and logging epochs to `<stage>[/<part>]/metrics.json`. `extra` is kept with
+        every checkpoint (QAT's float-layer choice)."""
+        env, name = self.env, f"{self.stage} {part}" if part else self.stage
+        path = self.run.path(checkpoint_rel(self.stage, part))
+        resume = self._restore(self.state.resume_of(part), path, modules, optimizer, steps_per_epoch, epochs)
+
+        def save(epoch, step, history, sums):  # every rank calls this at the same step
+            if sums is not None:
+                sums = reduce_sums(env, sums)
+            if env.is_main:
+                save_training_state(path, modules, optimizer, {
+                    "stage": self.stage, "config_hash": self.state.config_hash, "inputs": self.state.inputs,
+                    "epoch": epoch, "step": step, "history": history, "running": sums, "world_size": env.world,
+                    "best_val_acc": max((h["val_acc"] for h in history), default=None),
+                    # the learning rate is a pure function of the global step and the RNG is re-seeded from
+                    # (seed, stage, epoch, step, rank) every step: (epoch, step) restores both exactly
+                    "global_step": epoch * steps_per_epoch + step,
+                    "rng": {"reseeded_from": [self.cfg.seed, self.stage, epoch, step]}, "extra": extra or {}})
+            dist.barrier(env)
+
+        def log_epoch(history):
+            if env.is_main:
+                atomic_write_json(self.part_path(part, "metrics.json"), {"stage": name, "epochs": history})
+
+        return Session(env, name, precision, (self.cfg.seed, self.stage), resume, save,
+                       self.cfg.train.checkpoint_every, log_epoch, self.cfg.train.progress)
+
+    def _restore(self, point, path, modules, optimizer, steps_per_epoch, epochs):
+        if point is None:
+            return ResumePoint()
+        state = load_training_state(path, modules, optimizer)
+        validate_resume_state(state, path, epochs, steps_per_epoch)
+        same_step = state["step"] == point.step
+        if self.env.is_main:
+            log.info("%s: resuming from %s (epoch %d, step %d)", self.stage, point.path, point.epoch + 1, point.step)
+        # the epoch's running sums are global, counted on rank 0; they count only if we resume at their step
+        running = state.get("running") if self.env.is_main and same_step else None
+        return ResumePoint(point.epoch, point.step, state["history"], running)

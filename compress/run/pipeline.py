@@ -1,0 +1,160 @@
+"""Run the requested stages in order, deciding for each: skip (done, nothing changed), resume (interrupted,
+same config and inputs), or run fresh (new, --force, or something it depends on changed).
+
+Order of work: check everything that can be checked (config against the world, run-dir ownership, manifest)
+-> take the run-dir lock -> for each stage: decide, load and check its inputs, and only then write. Rank 0
+decides and writes; the decision is broadcast so every rank does the same thing.
+"""
+
+import logging
+import os
+import time
+
+import yaml
+
+from compress.errors import CompressError, Interrupted
+from compress.fileio import sha256_file
+from compress.run import preflight, schema
+from compress.run.config import ConfigView, read_yaml
+from compress.run.context import StageContext
+from compress.run.contract import StageResult
+from compress.run.report import write_report
+from compress.run.rundir import RunDir, RunLock, now, versions
+from compress.run.state import StageState, decide
+from compress.training import distributed as dist
+from compress.training import interrupt
+from stages import STAGES
+
+log = logging.getLogger(__name__)
+
+LOCK_ENV = "COMPRESS_RUN_LOCKED"  # set by `compress run --nproc-per-node`, which holds the lock for its workers
+
+
+def run_pipeline(cfg, run_root, stage_names, force=False):
+    """Run `stage_names` (canonical order) in `run_root`; returns {stage: result dict or None if skipped}.
+
+    Nothing in the run directory changes until a stage has loaded and checked its inputs (`ctx.begin()`):
+    a bad config, a missing or corrupt input, or a checkpoint of the wrong model leaves every file as it was.
+    """
+    run = RunDir(run_root)
+    with interrupt.graceful_stop(), dist.process_group(cfg.train.device, cfg.train.threads) as env:
+        saved = dist.on_main(env, _check_before_writing, cfg, run, stage_names, env.world)
+        with _run_lock(run, env):
+            writer = _ConfigWriter(run, cfg, saved)
+            results = {}
+            for name in stage_names:
+                interrupt.stop_if_asked(f"before the {name} stage", env)
+                state = StageState.from_json(dist.on_main(env, lambda n=name: decide(
+                    run, cfg, STAGES[n], force, STAGES, env.world).to_json()))
+                if state.action == "skip":
+                    if env.is_main:
+                        log.info("%s: up to date, skipped (%s)", name, state.reason)
+                    results[name] = None
+                    continue
+                results[name] = _run_stage(run, cfg, env, STAGES[name], state, writer)
+            interrupt.stop_if_asked("after the last stage; every finished stage is saved", env)
+            if env.is_main:
+                results["report"] = write_report(run, STAGES)
+    return results
+
+
+def _check_before_writing(cfg, run, stage_names, world):
+    """Everything checkable before a file is written; returns the run directory's saved config (raw YAML
+    mapping) or None."""
+    preflight.check(cfg, stage_names, world)
+    run.check_usable()
+    run.manifest()  # a corrupt manifest is reported before any work starts
+    return read_yaml(run.config_path) if os.path.isfile(run.config_path) else None
+
+
+class _run_lock:
+    """Rank 0 holds the run-dir lock for the whole run, unless the launcher (`--nproc-per-node`) holds it."""
+
+    def __init__(self, run, env):
+        self.run, self.env, self.lock = run, env, None
+
+    def __enter__(self):
+        held = os.environ.get(LOCK_ENV) == self.run.root
+
+        def take():
+            self.run.create()
+            if not held:
+                self.lock = RunLock(self.run).acquire()
+        dist.on_main(self.env, take)
+        return self
+
+    def __exit__(self, *exc):
+        if self.lock:
+            self.lock.release()
+
+
+class _ConfigWriter:
+    """config.yaml holds each stage's keys as that stage last ran them: a stage that runs saves its keys (and
+    the `train` section); the other stages' entries stay as they were."""
+
+    def __init__(self, run, cfg, saved):
+        self.run, self.cfg = run, cfg
+        self.raw = saved if isinstance(saved, dict) else None
+
+    def stage_began(self, spec):
+        new = schema.to_dict(self.cfg)
+        if self.raw is None:
+            self.raw = new
+        else:
+            for key in (*spec.CONFIG_KEYS, "train"):
+                if not key.startswith("-"):
+                    schema.set_path(self.raw, key, schema.get_path(new, key))
+        self.run.write_config(yaml.safe_dump(self.raw, sort_keys=False))
+
+
+class _StageRun:
+    """One stage's run: `begin` is called by the stage (every rank) once its inputs are loaded and checked."""
+
+    def __init__(self, run, env, spec, state, writer):
+        self.run, self.env, self.spec, self.state, self.writer = run, env, spec, state, writer
+        self.begun = False
+        self.start = time.perf_counter()
+
+    def begin(self):
+        if self.begun:
+            return
+        self.begun = True
+        if self.env.is_main:
+            self.writer.stage_began(self.spec)
+            d = self.state
+            self.run.update_stage(self.spec.NAME, status="running", config_hash=d.config_hash, config=d.config,
+                                  inputs=d.inputs, outputs={}, started=now(), finished=None,
+                                  world_size=self.env.world, device=str(self.env.device), versions=versions(),
+                                  message=None)
+        if not self.spec.RANK0_ONLY:
+            dist.barrier(self.env)
+
+    def seconds(self):
+        return round(time.perf_counter() - self.start, 2)
+
+
+def _run_stage(run, cfg, env, spec, stage_state, writer):
+    name = spec.NAME
+    if env.is_main:
+        log.info("%s: %s", name, stage_state.reason)
+    state = _StageRun(run, env, spec, stage_state, writer)
+    ctx = StageContext(ConfigView(cfg, spec.CONFIG_KEYS), run, env, stage_state, begin=state.begin)
+    try:
+        if spec.RANK0_ONLY:
+            result = StageResult(**dist.on_main(env, lambda: vars(spec.run(ctx))))
+        else:
+            result = spec.run(ctx)
+    except BaseException as e:
+        if env.is_main and state.begun:
+            status = "interrupted" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "failed"
+            message = str(e) if isinstance(e, CompressError) else f"{e.__class__.__name__}: {e}"
+            run.update_stage(name, status=status, finished=now(), message=message, seconds=state.seconds())
+        raise
+    state.begin()  # no-op when the stage called it, as stages do
+    if env.is_main:
+        outputs = {rel: sha256_file(run.path(rel)) for rel in result.outputs}
+        run.update_stage(name, status="complete", outputs=outputs, metrics=result.metrics, finished=now(),
+                         seconds=state.seconds(), resumed=stage_state.action == "resume")
+        log.info("%s: done in %.1fs - %s", name, state.seconds(), result.summary)
+    dist.barrier(env)
+    return vars(result)

@@ -1,0 +1,82 @@
+"""Everything about a run that can be checked before a single file is written, in one explicit step.
+
+`compress.config` checks what the YAML says on its own (types, ranges, finite numbers). This module checks it
+against the world: the dataset folder exists, the model names resolve, weight files are there, and every
+training stage's global batch splits evenly over the processes of this launch. Every problem is reported at
+once, with its key, like a config error.
+"""
+
+import os
+
+from compress.errors import ConfigError
+
+TRAINING_STAGES = ("teacher", "distill", "qat")
+
+
+def problems(cfg, stage_names, world_size):
+    """The list of problems (empty when the run can start)."""
+    found = []
+    data = cfg.data
+    if data.root and not data.download and not os.path.isdir(os.path.expanduser(data.root)):
+        found.append(f"data.root: folder '{data.root}' does not exist; point data.root at the dataset")
+    from compress.models.registry import source_problem
+
+    for key, name in (("model.teacher", cfg.model.teacher), ("model.student", cfg.model.student)):
+        problem = source_problem(name)
+        if problem:
+            found.append(f"{key}: {problem}")
+    if not found:
+        found.extend(_model_problems(cfg, stage_names))
+    for key in ("teacher_weights", "student_weights"):
+        path = getattr(cfg.model, key)
+        if path and not os.path.isfile(os.path.expanduser(path)):
+            found.append(f"model.{key}: file '{path}' not found")
+    for stage in stage_names:
+        if stage in TRAINING_STAGES and not (stage == "teacher" and cfg.teacher.epochs == 0):
+            batch = getattr(cfg, stage).batch_size
+            if batch % world_size:
+                found.append(f"{stage}.batch_size: {batch} does not split evenly over {world_size} processes; "
+                             f"use a multiple of {world_size}")
+    return found
+
+
+def check(cfg, stage_names, world_size, source=None):
+    """Raise one ConfigError listing every problem found by `problems`."""
+    found = problems(cfg, stage_names, world_size)
+    if found:
+        raise ConfigError(found, source=source)
+
+
+def _model_problems(cfg, stage_names):
+    """Build the models the requested stages need (a user function that returns no nn.Module is caught here),
+    and when QAT will run, prepare its model for QAT: a model torch.fx cannot trace fails now, naming the
+    construct, not after hours of teacher training."""
+    from compress.data.datasets import num_classes_of
+    from compress.data.registry import input_shape_of
+    from compress.errors import InputError
+    from compress.models.registry import build_model
+    from compress.run.config import quantized_model
+
+    shape, classes = input_shape_of(cfg.data), num_classes_of(cfg.data)
+    roles = {"model.teacher": cfg.model.teacher} if "teacher" in stage_names else {}
+    if {"distill", "qat", "export"} & set(stage_names):
+        roles["model.student"] = cfg.model.student
+    found, built = [], {}
+    for key, name in roles.items():
+        try:
+            built[key] = build_model(name, shape, classes)
+        except InputError as e:
+            found.append(str(e) if str(e).startswith("model") else f"{key}: {e}")
+    quantized = "model.student" if quantized_model(cfg.model, cfg.qat.source) == cfg.model.student else "model.teacher"
+    if "qat" in stage_names and quantized in built:
+        import torch
+
+        from compress.quant import fx
+
+        try:
+            fx.prepare(built[quantized], torch.zeros(2, *shape), cfg.qat.backend, cfg.qat.activation_range,
+                          cfg.qat.per_channel)
+        except InputError as e:
+            found.append(f"{quantized}: {e}; QAT needs a model torch.fx can trace (choose another model, or "
+                         "leave qat out of --stages)")
+    return found

@@ -1,0 +1,146 @@
+"""The run report: one row per artifact (teacher, student, QAT int8, fp32 ONNX, int8 ONNX) with parameters,
+size, validation accuracy and onnxruntime latency; written as report.md, report.json and report.png.
+
+The report knows no stage's files: each stage module's `report_rows(entry, path)` gives its rows, reading its
+own declared OUTPUTS. A row from a stage that is not complete-and-current (an upstream stage ran again since)
+is kept but marked stale, with the reason; a figure one stage measured for another's row (the teacher's
+latency, timed by export) is shown only while the file it was measured on is still current.
+"""
+
+import logging
+import os
+
+from compress.errors import CompressError
+from compress.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ("artifact", "file", "params", "size_bytes", "val_acc", "latency_b1_ms", "latency_b64_ms")
+
+
+def file_size(path):
+    return os.path.getsize(path) if path and os.path.isfile(path) else None
+
+
+def build_rows(run, stages):
+    """(rows, notes) for the stages in `stages` (name -> stage module), from the manifest and their files."""
+    from compress.run.state import stage_states
+
+    manifest = run.manifest()
+    states = stage_states(run, stages, manifest)
+    rows, notes = {}, []
+    for name, spec in stages.items():
+        entry = manifest["stages"].get(name) or {}
+        state, detail = states[name]
+        if entry.get("status") != "complete" or not hasattr(spec, "report_rows"):
+            continue
+        try:
+            produced = spec.report_rows(entry, lambda output, spec=spec: run.path(spec.OUTPUTS[output]))
+        except (CompressError, KeyError, TypeError, ValueError, IndexError) as e:  # a damaged file: say so, go on
+            notes.append(f"{name}: no rows - its files are damaged ({e.__class__.__name__}: {str(e)[:120]}); "
+                         f"rerun it with --stages {name} --force")
+            continue
+        if state != "complete":
+            notes.append(f"{name} is stale ({detail}): its rows are marked; `compress run` brings it up to date")
+        elif hasattr(spec, "report_notes"):
+            notes.extend(spec.report_notes(entry))
+        for row in produced:
+            if "artifact" not in row:  # a figure for another stage's row, measured from that stage's file
+                if row["id"] in rows and _still_current(row.pop("measured_from"), entry, manifest, states):
+                    rows[row["id"]].update({k: v for k, v in row.items() if k != "id"})
+                continue
+            rows[row["id"]] = {**dict.fromkeys(COLUMNS), **row, "stage": name, "current": state == "complete"}
+    return [r for r in rows.values() if "artifact" in r and r["artifact"]], notes
+
+
+def _still_current(rel, entry, manifest, states):
+    """The file `rel` that `entry`'s stage read is still the current output of a current stage."""
+    owner = rel.split("/")[0]
+    current = (manifest["stages"].get(owner) or {}).get("outputs", {}).get(rel)
+    return entry.get("inputs", {}).get(rel) == current and states.get(owner, ("",))[0] == "complete"
+
+
+def markdown_table(rows):
+    lines = ["| artifact | params | size | val acc | latency b1 | latency b64 |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        name = r["artifact"] + ("" if r.get("current", True) else " *(stale)*")
+        lines.append(f"| {name} | {_fmt_int(r['params'])} | {_fmt_size(r['size_bytes'])} | "
+                     f"{_fmt(r['val_acc'], '{:.2f}%')} | {_fmt(r['latency_b1_ms'], '{:.3f} ms')} | "
+                     f"{_fmt(r['latency_b64_ms'], '{:.2f} ms')} |")
+    return "\n".join(lines)
+
+
+def _fmt(value, pattern):
+    return "-" if value is None else pattern.format(value)
+
+
+def _fmt_int(value):
+    return "-" if value is None else f"{value:,}"
+
+
+def _fmt_size(value):
+    if value is None:
+        return "-"
+    return f"{value / 1e6:.2f} MB" if value >= 1e6 else f"{value / 1e3:.0f} KB"
+
+
+def write_report(run, stages):
+    """Write report.md/json/png into the run dir; return the rows."""
+    rows, notes = build_rows(run, stages)
+    atomic_write_json(run.path("report.json"), {"rows": rows, "notes": notes})
+    text = [f"# compress report: {os.path.basename(run.root)}", "", markdown_table(rows), ""]
+    text += ["Latency: onnxruntime CPU, median ms per batch on the most threads measured.", ""] if rows else []
+    text += [f"- {note}" for note in notes] + ([""] if notes else [])
+    if rows:
+        text += ["![accuracy vs size and latency](report.png)", ""]
+        plot(rows, run.path("report.png"))
+    atomic_write_text(run.path("report.md"), "\n".join(text))
+    return rows
+
+
+def plot(rows, path):
+    """Accuracy against size and against batch-64 latency (headless matplotlib). Artifacts that land on the
+    same point (the student in PyTorch and as fp32 ONNX) share one marker and one label."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    colors = {r["artifact"]: f"C{i}" for i, r in enumerate(rows)}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key, label in ((axes[0], "size_bytes", "size (KB, log scale)"),
+                           (axes[1], "latency_b64_ms", "onnxruntime latency, batch 64, all cores (ms, log scale)")):
+        points = {}
+        for r in rows:
+            if r[key] is None or r["val_acc"] is None:
+                continue
+            x = r[key] / 1e3 if key == "size_bytes" else r[key]
+            spot = next((p for p in points if abs(p[0] / x - 1) < 0.05 and abs(p[1] - r["val_acc"]) < 1e-9),
+                        (x, r["val_acc"]))
+            points.setdefault(spot, []).append(r["artifact"] + ("" if r.get("current", True) else " (stale)"))
+        for (x, y), names in points.items():
+            ax.scatter(x, y, s=70, color=colors.get(names[-1].replace(" (stale)", ""), "C0"), zorder=3)
+            ax.annotate(" +\n".join(names), (x, y), textcoords="offset points", xytext=(8, -4), fontsize=8,
+                        va="top")
+        if points:
+            xs = [p[0] for p in points]
+            ys = [p[1] for p in points]
+            ax.set_xscale("log")
+            ax.set_xlim(min(xs) / 2, max(xs) * 6)
+            spread = max(max(ys) - min(ys), 0.5)
+            ax.set_ylim(min(ys) - spread * 0.35, max(ys) + spread * 0.2)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(label)
+        ax.set_ylabel("validation accuracy (%)")
+        ax.grid(True, alpha=0.3, which="both")
+    axes[0].set_title("accuracy vs size")
+    axes[1].set_title("accuracy vs latency")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())

@@ -1,0 +1,233 @@
+"""What each stage of a run must do, decided once, in one place, and handed to the stage as a frozen value.
+
+`decide` gives a StageState: skip (complete, nothing it depends on changed), fresh (new, --force, or something
+changed - and what), or resume from checkpoint X at epoch E, step S (interrupted with the same config and
+inputs). It is the only code that reads resume checkpoints' metadata (`read_resume`); `compress show` asks it
+too. `stage_states` says where every stage of a run directory stands: complete (and current), invalidated, a
+failed or interrupted run, or not run. A complete stage is current only while every file it read is still what
+its upstream stage last wrote *and* that upstream stage is itself current: retraining the teacher makes distill,
+qat and export stale.
+"""
+
+import dataclasses
+import logging
+import os
+from typing import Optional
+
+from compress.errors import CompressError, InputError
+from compress.fileio import sha256_file
+from compress.run.config import config_slice, section_hash
+from compress.run.contract import EXTERNAL, File
+from compress.training.checkpoint import read_metadata, resume_state_problem
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resume:
+    """Where one part of a stage (its main model "", or the distill stage's "baseline") continues from."""
+
+    path: str  # run-relative path of the resume checkpoint
+    epoch: int
+    step: int
+    world_size: Optional[int] = None
+    extra: dict = dataclasses.field(default_factory=dict)  # what the stage kept with it (QAT's float layers)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageState:
+    """What to do with one stage, why, and what it was decided from (JSON-able: rank 0 decides, every rank gets
+    the same value)."""
+
+    stage: str
+    action: str  # "skip" | "fresh" | "resume"
+    reason: str
+    config_hash: str
+    config: dict  # the stage's slice of the config
+    inputs: dict  # run-relative path (or external:<path>) -> sha256 of every file the stage reads
+    sources: dict  # "stage:output" -> run-relative path of each declared input present
+    resume: dict = dataclasses.field(default_factory=dict)  # part -> Resume (only when action == "resume")
+
+    def resume_of(self, part=""):
+        return self.resume.get(part)
+
+    def to_json(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data):
+        return cls(**{**data, "resume": {k: Resume(**v) for k, v in data["resume"].items()}})
+
+
+def checkpoint_rel(stage, part=""):
+    return "/".join([stage, *([part] if part else []), "last", "checkpoint.safetensors"])
+
+
+def read_resume(run, stage, part="", epochs=None):
+    """(Resume, None) for a readable, well-formed resume checkpoint of `stage` (or its `part`); (None, why not)
+    otherwise, why being '' when there is none. Its config hash and inputs come back in Resume.extra's
+    "_made_with" for the caller to compare."""
+    rel = checkpoint_rel(stage, part)
+    path = run.path(rel)
+    if not os.path.isfile(path):
+        return None, ""
+    try:
+        state = read_metadata(path).get("state")
+    except CompressError as e:
+        return None, f"the resume checkpoint is unreadable ({e})"
+    problem = resume_state_problem(state, epochs)
+    if problem:
+        return None, f"the resume checkpoint is damaged ({problem})"
+    made_with = {"config_hash": state.get("config_hash"), "inputs": state.get("inputs", {})}
+    extra = dict(state.get("extra") or {}, _made_with=made_with)
+    return Resume(rel, state["epoch"], state["step"], state.get("world_size"), extra), None
+
+
+def decide(run, cfg, spec, force, stages, world):
+    """The StageState of stage module `spec` in run directory `run` for config `cfg` on `world` processes."""
+    manifest = run.manifest()
+    entries = manifest["stages"]
+    states = stage_states(run, stages, manifest)
+    inputs, sources = _inputs(run, cfg, spec, entries, states, stages)
+    base = {"stage": spec.NAME, "config_hash": section_hash(cfg, spec.CONFIG_KEYS),
+            "config": config_slice(cfg, spec.CONFIG_KEYS), "inputs": inputs, "sources": sources}
+    entry = entries.get(spec.NAME)
+    if force:
+        return StageState(action="fresh", reason="running (--force)", **base)
+    if entry and entry.get("status") == "complete":
+        changed = _changes(run, entry, base)
+        if not changed:
+            return StageState(action="skip", reason="same config and inputs", **base)
+        return StageState(action="fresh", reason=f"running again: {changed}", **base)
+    epochs = getattr(getattr(cfg, spec.NAME, None), "epochs", None)
+    main, problem = read_resume(run, spec.NAME, "", epochs)
+    if main is None:
+        return StageState(action="fresh", reason=f"{problem}; starting over" if problem else "running", **base)
+    if main.extra["_made_with"] != {"config_hash": base["config_hash"], "inputs": inputs}:
+        return StageState(action="fresh", reason="the interrupted run used another config or inputs; starting over",
+                          **base)
+    resume = {"": _same_world(main, world)}
+    for part in getattr(spec, "PARTS", ())[1:]:
+        other, _ = read_resume(run, spec.NAME, part, epochs)
+        if other is not None and other.extra["_made_with"] == main.extra["_made_with"]:
+            resume[part] = _same_world(other, world)
+    return StageState(action="resume", reason=_resume_reason(entry, resume[""], epochs), resume=resume, **base)
+
+
+def _same_world(point, world):
+    """A checkpoint written mid-epoch by another number of processes restarts that epoch (the data each process
+    had left differs)."""
+    if point.step and point.world_size not in (None, world):
+        return dataclasses.replace(point, step=0, extra={**point.extra, "redo_epoch_from_world": point.world_size})
+    return point
+
+
+def _resume_reason(entry, point, epochs):
+    where = ("after its last epoch" if epochs is not None and point.epoch >= epochs
+             else f"at epoch {point.epoch + 1}, step {point.step}")
+    if "redo_epoch_from_world" in point.extra:
+        where += (f" (the checkpoint was written mid-epoch by {point.extra['redo_epoch_from_world']} processes: "
+                  "redoing that epoch)")
+    if entry and entry.get("status") == "failed":
+        return (f"the last run failed ({(entry.get('message') or '').split(';')[0]}); continuing from its "
+                f"checkpoint {where} with the same config - change the setting the message names to get another "
+                "result")
+    return f"resuming the interrupted run {where}"
+
+
+def _inputs(run, cfg, spec, entries, states, stages):
+    """({input key: sha256}, {"stage:output": run-relative path}) of the files the stage declares it reads."""
+    inputs, sources = {}, {}
+    for item in spec.inputs(cfg):
+        if isinstance(item, File):  # outside the run directory (pretrained weights)
+            inputs[item.input_key] = _external_sha256(item)
+            continue
+        rel = stages[item.stage].OUTPUTS[item.output]
+        entry = entries.get(item.stage) or {}
+        recorded = entry.get("status") == "complete" and rel in entry.get("outputs", {})
+        present = recorded and os.path.isfile(run.path(rel))
+        if not item.required and not (present and states[item.stage][0] == "complete"):
+            continue
+        if not present:
+            raise InputError(f"run the {item.stage} stage first: {rel} is not in {run.root} "
+                             f"(add {item.stage} to --stages, or point --run-dir at a run that has it)")
+        if states[item.stage][0] != "complete":
+            log.warning("%s: reading %s from the %s stage, which is stale (%s)", spec.NAME, rel, item.stage,
+                        states[item.stage][1])
+        inputs[rel] = entry["outputs"][rel]
+        sources[f"{item.stage}:{item.output}"] = rel
+    return inputs, sources
+
+
+def _external_sha256(item):
+    path = os.path.expanduser(item.path)
+    try:
+        return sha256_file(path, follow_links=True)
+    except InputError:
+        raise InputError(f"{item.key}: cannot read '{item.path}'; check the path") from None
+
+
+def _changes(run, entry, decision):
+    """Why a completed stage must run again, or '' when it is up to date."""
+    if entry.get("config_hash") != decision["config_hash"]:
+        keys = _diff_keys(entry.get("config") or {}, decision["config"])
+        return f"config changed ({', '.join(keys[:4]) or 'config'})"
+    for rel, sha in decision["inputs"].items():
+        if entry.get("inputs", {}).get(rel) != sha:
+            return f"its input {rel.removeprefix(EXTERNAL)} changed"
+    for rel, sha in entry.get("outputs", {}).items():
+        path = run.path(rel)
+        if not os.path.isfile(path) or os.path.islink(path):
+            return f"its output {rel} is missing"
+        if sha256_file(path) != sha:
+            return f"its output {rel} was modified"
+    return ""
+
+
+def _diff_keys(old, new, prefix=""):
+    keys = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        path = f"{prefix}.{k}" if prefix else k
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys.extend(_diff_keys(a, b, path))
+        elif a != b:
+            keys.append(path)
+    return keys
+
+
+# ---------------------------------------------------------------- where each stage stands
+
+
+def stage_states(run, stages, manifest=None):
+    """{stage: (state, detail)} for every stage in pipeline order."""
+    entries = (manifest or run.manifest())["stages"]
+    states = {}
+    for name in stages:
+        states[name] = _state(run, name, entries, states)
+    return states
+
+
+def _state(run, name, entries, states):
+    entry = entries.get(name)
+    if not entry:
+        return "not run", ""
+    if entry["status"] == "complete":
+        for rel, sha in entry.get("inputs", {}).items():
+            if rel.startswith(EXTERNAL):  # a file outside the run (pretrained weights): checked when run
+                continue
+            upstream = rel.split("/")[0]
+            current = (entries.get(upstream) or {}).get("outputs", {}).get(rel)
+            if current != sha:
+                return "invalidated", f"{rel} changed since this stage ran"
+            if states.get(upstream, ("complete",))[0] != "complete":
+                return "invalidated", f"{upstream} is {states[upstream][0]}"
+        return "complete", ""
+    if entry["status"] == "failed":
+        return "failed", entry.get("message") or ""
+    point, problem = read_resume(run, name)
+    if point is None:
+        detail = f"{problem}; will start over" if problem else "no resume checkpoint; will start over"
+    else:
+        detail = f"resumable at epoch {point.epoch + 1}, step {point.step}"
+    return "interrupted", detail

@@ -1,0 +1,63 @@
+"""Graceful stop: the first Ctrl-C or SIGTERM asks training to stop after the current step; the loop writes
+the resume checkpoint and raises Interrupted. A second Ctrl-C stops at once."""
+
+import contextlib
+import signal
+
+import torch
+
+from compress.errors import Interrupted
+from compress.training import distributed as dist
+
+_requested = False
+
+
+def _handler(signum, frame):
+    global _requested
+    if _requested and signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    _requested = True
+
+
+@contextlib.contextmanager
+def graceful_stop():
+    """Install the handlers for the duration of the pipeline (main thread only), then restore them."""
+    global _requested
+    _requested = False
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, _handler)
+    except ValueError:  # not the main thread: leave signals alone
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def local_request():
+    """This process was asked to stop (not yet agreed with the other ranks)."""
+    return _requested
+
+
+def requested(env):
+    """True on every rank if any rank was asked to stop (all ranks must stop at the same step)."""
+    if not env.distributed:
+        return _requested
+    flag = torch.tensor([1 if _requested else 0], dtype=torch.long)
+    return bool(dist.all_reduce(env, flag, op="max").item())
+
+
+def stop_if_asked(where, env=None, what="continue"):
+    """Raise Interrupted ("interrupted <where>; rerun the same command to <what>") if a stop was asked for:
+    on every rank together when `env` is given (all ranks must agree), else for this process alone (rank-0
+    work such as the export stage or timing int8 candidates)."""
+    asked = requested(env) if env is not None else _requested
+    if not asked:
+        return
+    error = Interrupted(f"interrupted {where}; rerun the same command to {what}")
+    if env is not None:
+        dist.raise_on_main(env, error)
+    raise error
