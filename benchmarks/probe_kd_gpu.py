@@ -4,7 +4,8 @@ trainings at once (one process each), so a grid that would take a day on 2 CPU c
 
 The recipe matches configs/cifar10.yaml: SGD Nesterov (teacher lr 0.1, student 0.05), weight decay 5e-4, batch
 128, 1 warm-up epoch then cosine per step, pad-4 crop + flip. The losses are the product's
-(compress/distill/logit_losses.py). A view k of image i is a fixed set of augmentation parameters (crop offset, flip, and
+(compress/distill/logit_losses.py). A view k of image i is a fixed set of augmentation parameters (crop offset,
+flip, and
 with mixup/cutmix a partner image and its own crop, and lambda); epoch e shows view (e + offset_i) mod K, so
 K >= epochs means a fresh view every epoch (the teacher runs on exactly the pixels the student sees, as with
 the product's teacher-output store). Results are a probe to choose the product's recipe; the product's own

@@ -184,13 +184,13 @@ def _fill_store(ctx, store, plan, teacher, train_set, precision):
     if env.is_main:
         what = (f"{s.views} view(s) x {s.samples:,} images, {s.bytes_per_row()} bytes each "
                 f"({'all' if s.dense else f'top {s.top_k} of'} {s.classes} logits), {s.total_bytes() / 1e6:.1f} MB")
-        verb = {"reuse": "reusing", "resume": "resuming the build of", "build": "building",
+        verb = {"reuse": "reusing", "resume": "resuming the build of", "build": "building", "extend": "extending",
                 "rebuild": "rebuilding"}[plan["status"]]
         log.info("distill: teacher outputs: %s the store in %s: %s (%s)", verb, STORE_FOLDER, what, plan["reason"])
     start = time.perf_counter()
     if plan["missing"]:
-        store.build(teacher, train_set, env, d.batch_size, lambda x: precision.inputs(x, env.device),
-                    plan["missing"], precision.autocast)
+        store.build(teacher, train_set, env, d.batch_size, lambda x: precision.inputs(x, env.device), plan,
+                    precision.autocast)
         if env.is_main:
             log.info("distill: teacher outputs for %d chunk(s) computed in %.1fs", len(plan["missing"]),
                      time.perf_counter() - start)

@@ -285,7 +285,8 @@ CASES = {
         lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "model.teacher=torchvision:resnet19"],
         "torchvision has no classification model 'resnet19' (did you mean 'torchvision:resnet18'?)"),
     "model: module:function that does not exist": (
-        lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "model.student=compress.models.registry:nothing"],
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--set", "model.student=compress.models.registry:nothing"],
         "module 'compress.models.registry' has no function 'nothing'"),
     "model: module that does not import": (
         lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "model.student=no_such_module:build"],

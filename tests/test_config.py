@@ -8,6 +8,7 @@ import pytest
 from compress.errors import ConfigError, InputError
 from compress.run import preflight, schema
 from compress.run.config import Config, dump_config, load_config, section_hash
+from conftest import invoke
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -118,3 +119,36 @@ def test_reference_lists_every_leaf_key():
     keys = [row[0] for row in schema.reference(Config)]
     assert "distill.kd.temperature" in keys and "export.latency_batch_sizes" in keys and "seed" in keys
     assert all(row[3] for row in schema.reference(Config)), "every key needs a help text"
+
+
+def test_a_stage_sees_only_its_config_keys_and_train():
+    from compress.run.config import ConfigView, UndeclaredConfigRead
+    from stages import teacher
+
+    view = ConfigView(load_config(None, ["teacher.epochs=7"]), teacher.CONFIG_KEYS)
+    assert view.teacher.epochs == 7 and view.model.teacher == "resnet14" and view.train.device == "auto"
+    assert view.data.name == "mnist5k"
+    for read in (lambda: view.distill, lambda: view.model.student, lambda: view.data.unlabeled):
+        with pytest.raises(UndeclaredConfigRead, match="is not among this stage's CONFIG_KEYS"):
+            read()
+
+
+def test_the_pipeline_hands_each_stage_the_view_so_an_undeclared_read_fails(tiny_config, tmp_path, monkeypatch):
+    """A stage that reads a key it did not declare would not rerun when that key changes: the run fails at the
+    read, naming the key (here the teacher stage with 'teacher' taken out of its keys)."""
+    from stages import teacher
+
+    monkeypatch.setattr(teacher, "CONFIG_KEYS", tuple(k for k in teacher.CONFIG_KEYS if k != "teacher"))
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher")
+    assert result.exit_code == 1
+    assert "UndeclaredConfigRead: 'teacher' is not among this stage's CONFIG_KEYS" in result.stderr
+
+
+def test_every_stage_key_and_exclusion_names_a_real_part_of_the_config():
+    from compress.run.config import Config, config_slice
+    from stages import STAGES
+
+    for name, spec in STAGES.items():
+        picked = config_slice(Config(), spec.CONFIG_KEYS)
+        if "-data.unlabeled" in spec.CONFIG_KEYS:
+            assert "unlabeled" not in picked["data"], name

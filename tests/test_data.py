@@ -115,17 +115,27 @@ def test_a_class_missing_from_one_split_is_a_clear_error(tmp_path):
 
 
 def test_validation_images_are_resized_by_the_shorter_side_and_centre_cropped(tmp_path):
-    """Not squashed: a 20x40 image keeps its aspect ratio; the ONNX predict path gives the same pixels."""
-    from compress.deploy.imageio import load_pixels
-
+    """Not squashed: a 20x40 image keeps its aspect ratio. The expected pixels are computed here, from the file's
+    own pixels: size 16 with eval_crop 0.8 means shorter side 20 (this image's already, so no resize), then the
+    centre 16x16 - rows 2..17, columns 12..27."""
     _image_tree(tmp_path, ["train", "val"], size=(20, 40), count=2)
     data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
                               "data.eval_crop=0.8"), seed=0)
     assert data.resize == {"shorter_side": 20, "height": 16, "width": 16, "interpolation": "bilinear",
                            "antialias": True, "crop": "center"}
     images, _ = data.val.raw([0])
-    expected = load_pixels(data.val.files[0], 3, data.resize)  # what `compress predict` computes
-    assert torch.equal(images[0], torch.from_numpy(np.array(expected)).permute(2, 0, 1))
+    original = np.asarray(Image.open(data.val.files[0]).convert("RGB"))
+    assert torch.equal(images[0], torch.from_numpy(original[2:18, 12:28].copy()).permute(2, 0, 1))
+
+
+def test_validation_images_larger_than_the_rule_are_resized_with_pillows_bilinear_then_cropped(tmp_path):
+    """A 40x80 image: shorter side 40 -> 20 (so 20x40, by Pillow's own bilinear resize), then the centre 16x16."""
+    _image_tree(tmp_path, ["train", "val"], size=(40, 80), count=2)
+    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
+                              "data.eval_crop=0.8"), seed=0)
+    images, _ = data.val.raw([1])
+    resized = np.asarray(Image.open(data.val.files[1]).convert("RGB").resize((40, 20), Image.BILINEAR))
+    assert torch.equal(images[0], torch.from_numpy(resized[2:18, 12:28].copy()).permute(2, 0, 1))
 
 
 @pytest.mark.parametrize("augment", ["pad_crop", "random_resized_crop"])

@@ -85,6 +85,20 @@ def test_a_lost_worker_restarts_the_group_which_resumes_identically(ddp_run, tin
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_replica_that_drifts_fails_the_stage(tiny_config, tmp_path):
+    """The replica check compares every tensor with rank 0's: a parameter nudged on rank 1 alone after one
+    update (DDP never re-sends parameters, so the replicas stay apart) fails the stage, naming the tensor."""
+    run = tmp_path / "drift"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", FAULTS, "run",
+         "-c", tiny_config, "--run-dir", str(run), "--stages", "teacher", "--set", "teacher.epochs=1"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "COMPRESS_FAULT": "teacher:0:3:perturb:1"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "teacher: ranks disagree on 1 tensors after training (stem.0.weight); DDP went out of sync" in proc.stderr
+    assert json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["status"] == "failed"
+
+
 def test_torchrun_launch_trains_the_teacher(tiny_config, tmp_path):
     run = tmp_path / "torchrun"
     proc = subprocess.run(

@@ -45,7 +45,7 @@ def store_for(tmp_path, cfg, data, teacher, train_set, top_k=None):
                      teacher.cosine_layer or "", teacher.cosine_width or 0, rows_per_chunk=100)
     store = TeacherOutputStore(str(tmp_path / "store"), spec)
     plan = store.prepare(DistEnv())
-    store.build(teacher, train_set, DistEnv(), 64, lambda x: x, plan["missing"])
+    store.build(teacher, train_set, DistEnv(), 64, lambda x: x, plan)
     return store.open(), plan
 
 

@@ -210,8 +210,8 @@ def test_the_speed_gate_holds_with_a_busy_neighbour(tmp_path):
     import multiprocessing
     import time
 
-    from compress.run.config import ExportConfig
     from compress.quant.verify import speed_gate
+    from compress.run.config import ExportConfig
 
     paths = _int8_pair(tmp_path, "compact_cnn", (1, 28, 28))
     data = load_data(load_config(None, ["data.name=mnist5k", "data.limit=100"]).data, seed=0)

@@ -60,19 +60,48 @@ def test_a_held_lock_names_its_holder_and_nothing_is_written(run_copy):
     assert after == before
 
 
+def test_a_run_directory_held_by_another_run_is_refused_and_left_alone(run_copy):
+    """The lock is a real flock: while this test holds it (as a running `compress run` would), a real
+    `compress run` on the folder exits 2 naming the holder and changes nothing; once released, it runs."""
+    exe = os.path.join(os.path.dirname(os.sys.executable), "compress")
+    args = [exe, "run", "--run-dir", str(run_copy), "--stages", "export", "--force"]
+    lock = RunLock(RunDir(run_copy)).acquire()
+    try:
+        before = file_bytes(run_copy)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert f"another compress run (pid {os.getpid()} on host {socket.gethostname()}) is using" in proc.stderr
+        assert file_bytes(run_copy) == before
+    finally:
+        lock.release()
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_two_runs_at_once_one_waits_out(run_copy):
-    """Two real `compress run` processes on one folder: exactly one gets the folder."""
+    """Two real `compress run` processes on one folder, the second started while the first holds the lock: the
+    second is refused (exit 2) and the first completes."""
+    import time
+
     exe = os.path.join(os.path.dirname(os.sys.executable), "compress")
     args = [exe, "run", "--run-dir", str(run_copy), "--stages", "export", "--force"]
     first = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
-    second = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
-    outs = [p.communicate(timeout=300)[1] for p in (first, second)]
-    codes = sorted(p.returncode for p in (first, second))
-    if codes == [0, 0]:  # the second started after the first had finished: nothing overlapped
-        pytest.skip("the two runs did not overlap on this machine")
-    assert codes == [0, 2], outs
-    assert any("another compress run (pid" in out for out in outs)
+    deadline = time.time() + 120
+    while not _held_by(run_copy, first.pid) and time.time() < deadline and first.poll() is None:
+        time.sleep(0.01)
+    assert _held_by(run_copy, first.pid), "the first run never took the lock"
+    second = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    out = first.communicate(timeout=300)[1]
+    assert (first.returncode, second.returncode) == (0, 2), (out, second.stderr)
+    assert f"another compress run (pid {first.pid}" in second.stderr
     assert json.loads((run_copy / "manifest.json").read_text())["stages"]["export"]["status"] == "complete"
+
+
+def _held_by(run, pid):
+    try:
+        return json.loads((run / ".lock").read_text() or "null")["pid"] == pid
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
 
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over(run_copy):

@@ -2,10 +2,8 @@
 bit-identical to an uninterrupted run with the same seed."""
 
 import json
-import os
 import random
 import signal
-import subprocess
 
 import torch
 
@@ -56,26 +54,22 @@ def test_kill_9_in_each_training_stage_then_resume_is_bit_identical(finished_run
 
 
 def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_run, tiny_config, tmp_path):
+    """SIGINT during step 6 of epoch 2 (sent by the process to itself at that moment, so it always lands mid-
+    epoch): every rank agrees on it at the next step, which finishes; the checkpoint written is that step's -
+    not the end of epoch 1 - the command exits 130, and the rerun continues from there to the weights of the
+    run that was never stopped."""
     run = tmp_path / "interrupted"
-    exe = os.path.join(os.path.dirname(os.sys.executable), "compress")
-    proc = subprocess.Popen([exe, "run", "-c", tiny_config, "--run-dir", str(run), "--stages", "teacher"],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        if "teacher: epoch 1/2" in line:
-            proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=120)
-    output = "".join(lines)
-    if proc.returncode == 0:  # the signal landed after training ended: nothing to resume, still consistent
-        assert_identical(finished_run, run, ["teacher"])
-        return
-    assert proc.returncode == 130, output
-    assert "interrupted at epoch" in output and "rerun the same command to resume" in output
-    assert "Traceback" not in output
-    again = compress_subprocess("run", "--run-dir", run, "--stages", "teacher")
+    base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher"]
+    proc = fault_subprocess(*base, fault="teacher:1:5:sigint")
+    assert proc.returncode == 130, proc.stderr
+    assert "interrupted at epoch 2 of teacher (after 7 steps); rerun the same command to resume" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    state = read_metadata(run / "teacher" / "last" / "checkpoint.safetensors")["state"]
+    assert (state["epoch"], state["step"]) == (1, 7), "the checkpoint must come from the interrupt, mid-epoch"
+    assert json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["status"] == "interrupted"
+    again = compress_subprocess(*base)
     assert again.returncode == 0, again.stderr
-    assert "resuming" in again.stderr
+    assert "resuming the interrupted run at epoch 2, step 7" in again.stderr
     assert_identical(finished_run, run, ["teacher"])
 
 

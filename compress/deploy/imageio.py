@@ -11,6 +11,8 @@ The rule, in order (it is also written into every exported ONNX file as metadata
 """
 
 import math
+import os
+import stat
 import warnings
 
 import numpy as np
@@ -32,6 +34,14 @@ def open_image(path, max_pixels=None):
     from PIL import Image, UnidentifiedImageError
 
     limit = max_pixels or Image.MAX_IMAGE_PIXELS
+    try:  # a named pipe or a device would block Image.open (or never end): only regular files are images
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None  # not there, or not readable: Image.open says which, below
+    if mode is not None and stat.S_ISDIR(mode):
+        raise InputError(f"image '{path}' is a directory, not an image file")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise InputError(f"image '{path}' is not a regular file (a pipe, device or socket); pass image files")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

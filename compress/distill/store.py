@@ -69,7 +69,10 @@ class StoreSpec:
 
     @property
     def key(self):
-        return hashlib.sha256(dumps(dataclasses.asdict(self)).encode()).hexdigest()[:16]
+        """Everything but the number of views: view v is the same pixels whatever the count, so a store of V
+        views serves any run of up to V views, and a run wanting more adds views to it."""
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "views"}
+        return hashlib.sha256(dumps(fields).encode()).hexdigest()[:16]
 
     @property
     def dense(self):
@@ -111,7 +114,7 @@ class StoreSpec:
                  "precision": "the teacher's precision changed", "cosine_layer": "the cosine layer changed",
                  "cosine_width": "the cosine width changed", "rows_per_chunk": "the chunk size changed"}
         for name, value in dataclasses.asdict(self).items():
-            if old.get(name) != value:
+            if name != "views" and old.get(name) != value:
                 return words.get(name, f"{name} changed")
         return "it is not a store of this format"
 
@@ -163,36 +166,47 @@ class TeacherOutputStore:
     # ------------------------------------------------------------------ what is there
 
     def prepare(self, env):
-        """{"status": "reuse" | "resume" | "build" | "rebuild", "reason": words, "missing": [chunk ids]}, the same
-        on every rank. Every present chunk is checked (each rank a share), so a damaged one is rebuilt, not used."""
+        """What this run must build, the same on every rank: {"status": reuse | resume | extend | build |
+        rebuild, "reason": words, "missing": [chunk ids], "wipe": whether the folder's old store goes first,
+        "views_kept": views the store will hold}. Every chunk this run needs is checked (each rank a share), so
+        a damaged one is rebuilt, never used."""
         head = dist.on_main(env, self._read_head)
+        keep = max(self.spec.views, head["views"])
         if head["stale"]:
-            return {"status": "rebuild", "reason": head["stale"], "missing": list(range(self.spec.chunks))}
+            return {"status": "rebuild", "reason": head["stale"], "missing": list(range(self.spec.chunks)),
+                    "wipe": True, "views_kept": self.spec.views}
         present = head["present"]
         damaged = self._check_chunks(env, present)
         missing = [c for c in range(self.spec.chunks) if c not in present or c in damaged]
-        if not missing and head["complete"]:
-            return {"status": "reuse", "reason": "teacher, images and views unchanged", "missing": []}
+        plan = {"missing": missing, "wipe": False, "views_kept": keep}
         if damaged:
-            reason = f"{len(damaged)} damaged chunk(s) found ({os.path.basename(self.chunk_path(damaged[0]))}, ...)"
-            return {"status": "rebuild", "reason": reason, "missing": missing}
+            name = os.path.basename(self.chunk_path(damaged[0]))
+            return {**plan, "status": "rebuild", "reason": f"{len(damaged)} damaged chunk(s) ({name}, ...) rebuilt"}
+        if not missing and head["views"] >= self.spec.views:
+            return {**plan, "status": "reuse", "reason": "teacher, images and views unchanged"}
+        if head["views"] and len(missing) == (self.spec.views - head["views"]) * self.spec.blocks:
+            return {**plan, "status": "extend", "reason": f"it holds {head['views']} views; adding "
+                                                          f"{self.spec.views - head['views']}"}
         if len(missing) < self.spec.chunks:
-            return {"status": "resume", "reason": f"{self.spec.chunks - len(missing)} of {self.spec.chunks} chunks "
-                                                  "already built", "missing": missing}
-        return {"status": "build", "reason": "no store yet", "missing": missing}
+            return {**plan, "status": "resume", "reason": f"{self.spec.chunks - len(missing)} of {self.spec.chunks} "
+                                                          "chunks already built"}
+        return {**plan, "status": "build", "reason": "no store yet"}
 
     def _read_head(self):
+        """(On rank 0) whether the folder holds a store of another key (and why it differs), how many views
+        its store.json says are complete, and which of this run's chunk files exist."""
         present = sorted(c for c in range(self.spec.chunks) if os.path.isfile(self.chunk_path(c)))
         if not os.path.isfile(self.manifest_path):
-            return {"stale": "", "present": present, "complete": False}
+            return {"stale": "", "present": present, "views": 0}
         try:
             old = read_json(self.manifest_path, "teacher-output store manifest")
         except InputError:
-            return {"stale": "its store.json is unreadable", "present": [], "complete": False}
+            return {"stale": "its store.json is unreadable", "present": [], "views": 0}
         if not isinstance(old, dict) or old.get("format") != FORMAT or old.get("key") != self.spec.key:
             spec = old.get("spec") if isinstance(old, dict) and isinstance(old.get("spec"), dict) else {}
-            return {"stale": self.spec.difference(spec), "present": [], "complete": False}
-        return {"stale": "", "present": present, "complete": True}
+            return {"stale": self.spec.difference(spec), "present": [], "views": 0}
+        views = old.get("views")
+        return {"stale": "", "present": present, "views": views if isinstance(views, int) and views > 0 else 0}
 
     def _check_chunks(self, env, present):
         flags = torch.zeros(self.spec.chunks, dtype=torch.long)
@@ -235,14 +249,17 @@ class TeacherOutputStore:
                 f"{free / 1e9:.2f} GB free; lower distill.views or distill.store.top_k, or set "
                 "distill.store.enabled=false to run the teacher on every batch")
 
-    def build(self, teacher, dataset, env, batch_size, inputs, missing, autocast=contextlib.nullcontext):
-        """Compute the missing chunks (ranks round-robin; rank 0 writes each), then store.json. The teacher runs
-        under `autocast()` (the training's precision). A stop request (Ctrl-C) ends the build after the current
-        batch; chunks already written stay and a rerun resumes."""
+    def build(self, teacher, dataset, env, batch_size, inputs, plan, autocast=contextlib.nullcontext):
+        """Compute the plan's missing chunks (ranks round-robin; rank 0 writes each), then store.json. The
+        teacher runs under `autocast()` (the training's precision). A stop request (Ctrl-C) ends the build
+        after the current batch; chunks already written stay and a rerun resumes."""
+        missing = plan["missing"]
         if env.is_main:
             os.makedirs(self.folder, exist_ok=True)
-            if os.path.isfile(self.manifest_path):  # stale (or damaged): this store is being rebuilt
-                os.unlink(self.manifest_path)
+            if plan["wipe"]:  # a store of another teacher, data or views: none of it can serve
+                for name in os.listdir(self.folder):
+                    if name == "store.json" or name.startswith("chunk-"):
+                        os.unlink(os.path.join(self.folder, name))
         dist.barrier(env)
         start = time.perf_counter()
         for first in range(0, len(missing), env.world):
@@ -254,7 +271,7 @@ class TeacherOutputStore:
                 if env.is_main:
                     self._write_chunk(c, tensors)
         if env.is_main:
-            self._write_manifest(time.perf_counter() - start, env.world)
+            self._write_manifest(plan["views_kept"], time.perf_counter() - start, env.world)
         dist.barrier(env)
 
     def _compute(self, c, teacher, dataset, batch_size, inputs, autocast):
@@ -310,17 +327,16 @@ class TeacherOutputStore:
                 "sha256": json.dumps({k: _sha256(v) for k, v in tensors.items()}, sort_keys=True)}
         atomic_write_bytes(self.chunk_path(c), serialize(tensors, meta))
 
-    def _write_manifest(self, seconds, world):
+    def _write_manifest(self, views, seconds, world):
+        """store.json: the key's fields, how many views are complete, every chunk's sha256."""
+        spec = dataclasses.replace(self.spec, views=views)
         chunks = {}
-        for c in range(self.spec.chunks):
+        for c in range(spec.chunks):
             with open(self.chunk_path(c), "rb") as f:
                 chunks[os.path.basename(self.chunk_path(c))] = hashlib.sha256(f.read()).hexdigest()
-        for name in os.listdir(self.folder):  # chunks of a larger store that stood here before
-            if name.startswith("chunk-") and name not in chunks and not name.startswith("."):
-                os.unlink(os.path.join(self.folder, name))
         atomic_write_json(self.manifest_path, {
-            "format": FORMAT, "key": self.spec.key, "spec": dataclasses.asdict(self.spec), "chunks": chunks,
-            "bytes": self.spec.total_bytes(), "bytes_per_row": self.spec.bytes_per_row(),
+            "format": FORMAT, "key": spec.key, "views": views, "spec": dataclasses.asdict(spec), "chunks": chunks,
+            "bytes": spec.total_bytes(), "bytes_per_row": spec.bytes_per_row(),
             "last_build": {"seconds": round(seconds, 2), "processes": world}})
 
     # ------------------------------------------------------------------ reading
@@ -352,7 +368,7 @@ class TeacherOutputStore:
         info = {"mode": "stored", "status": plan["status"], "reason": plan["reason"], "key": s.key,
                 "views": s.views, "samples": s.samples, "top_k": s.top_k, "dense": s.dense,
                 "bytes_per_row": s.bytes_per_row(), "megabytes": round(s.total_bytes() / 1e6, 2),
-                "chunks": s.chunks, "chunks_built": len(plan["missing"])}
+                "chunks": s.chunks, "chunks_built": len(plan["missing"]), "views_kept": plan["views_kept"]}
         if seconds is not None:
             info["seconds"] = round(seconds, 2)
         return info

@@ -16,7 +16,7 @@ from typing import Optional
 
 from compress.errors import CompressError, InputError
 from compress.fileio import sha256_file
-from compress.run.config import config_slice, section_hash
+from compress.run.config import ConfigView, config_slice, section_hash
 from compress.run.contract import EXTERNAL, File
 from compress.training.checkpoint import read_metadata, resume_state_problem
 
@@ -138,7 +138,7 @@ def _resume_reason(entry, point, epochs):
 def _inputs(run, cfg, spec, entries, states, stages):
     """({input key: sha256}, {"stage:output": run-relative path}) of the files the stage declares it reads."""
     inputs, sources = {}, {}
-    for item in spec.inputs(cfg):
+    for item in spec.inputs(ConfigView(cfg, spec.CONFIG_KEYS)):
         if isinstance(item, File):  # outside the run directory (pretrained weights)
             inputs[item.input_key] = _external_sha256(item)
             continue

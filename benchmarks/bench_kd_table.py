@@ -1,0 +1,171 @@
+"""The distillation table, through the product: every cell is a `compress run --stages distill` in one run
+directory, so the teacher is trained once and each teacher-output store is built once and reused by every seed,
+method and schedule that shares its key (grouped so a store is never rebuilt).
+
+Cells (3 seeds each unless --seeds): the student trained alone (distill.baseline, same views) and Hinton KD,
+DKD, DIST, standardized KD at the short and the long schedule; standardized KD with mixup and with cutmix at the
+long schedule (each with its own alone-with-the-same-mixing baseline); standardized KD with unlabelled images;
+standardized KD with top-k stores (k = 3, 5 of 10 classes); then QAT + export of the best long-schedule student
+(first seed). Results go to a JSON-lines file as they come (rerunning skips cells already there).
+
+    python benchmarks/bench_kd_table.py --config configs/cifar10.yaml --set data.root=../shared/data/cifar10-dev \
+        --unlabeled ../shared/data/cifar10-unlabeled --work /tmp/kdtable --out benchmarks/results/kd_table.jsonl
+    python benchmarks/bench_kd_table.py --out benchmarks/results/kd_table.jsonl --summary   # print the table
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+METHODS = {  # the papers' CIFAR settings (TOOLCHAIN.md), the weights of CE and of the logit loss
+    "hinton": ["distill.kd.method=hinton", "distill.ce_weight=0.1", "distill.kd.weight=0.9"],
+    "dkd": ["distill.kd.method=dkd", "distill.ce_weight=1.0", "distill.kd.weight=1.0"],
+    "dist": ["distill.kd.method=dist", "distill.ce_weight=1.0", "distill.kd.weight=1.0"],
+    "standardized": ["distill.kd.method=standardized", "distill.ce_weight=0.1", "distill.kd.weight=9.0"],
+}
+
+
+def cells(args):
+    """(group, name, schedule, seed, overrides, with_baseline) in run order; a group shares one store."""
+    out = []
+    for group, extra, names in (("dense", [], list(METHODS)),):
+        for epochs in (args.short, args.long):
+            for seed in args.seeds:
+                for i, method in enumerate(names):
+                    out.append((group, method, epochs, seed, METHODS[method] + extra, i == 0))
+    for mix in ("mixup", "cutmix"):
+        for seed in args.seeds:
+            out.append((mix, f"standardized+{mix}", args.long, seed, METHODS["standardized"] + [f"distill.mix={mix}"],
+                        True))
+    if args.unlabeled:
+        for epochs in (args.unlabeled_epochs, args.long):
+            for seed in args.seeds:
+                out.append(("unlabeled", "standardized+unlabeled", epochs, seed,
+                            METHODS["standardized"] + [f"data.unlabeled={args.unlabeled}"], True))
+    for k in (3, 5):
+        for seed in args.seeds:
+            out.append((f"top{k}", f"standardized top-{k}", args.short, seed,
+                        METHODS["standardized"] + [f"distill.store.top_k={k}"], False))
+    return out
+
+
+def compress(args, stages, overrides):
+    cmd = [os.path.join(os.path.dirname(sys.executable), "compress"), "run", "--run-dir", args.work, "--stages",
+           stages, "--set", "train.progress=false"]
+    cmd += (["-c", args.config] if args.config else []) + [a for o in [*args.set, *overrides] for a in ("--set", o)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)}\nfailed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    with open(os.path.join(args.work, "manifest.json")) as f:
+        return json.load(f)["stages"], round(time.perf_counter() - start, 1)
+
+
+def done(path):
+    found = {}
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                found[r["key"]] = r
+    return found
+
+
+def record(path, row):
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps({k: row.get(k) for k in ("key", "val_acc", "alone", "wall_s", "store")}), flush=True)
+
+
+def run(args):
+    finished = done(args.out)
+    if "teacher" not in finished:
+        manifest, wall = compress(args, "teacher", [])
+        m = manifest["teacher"]["metrics"]
+        record(args.out, {"key": "teacher", "val_acc": m["val_acc"], "wall_s": wall, "metrics": m})
+    for group, name, epochs, seed, overrides, baseline in cells(args):
+        key = f"{name}@{epochs}/s{seed}"
+        if key in finished:
+            continue
+        full = [f"seed={seed}", f"distill.epochs={epochs}", f"distill.baseline={'true' if baseline else 'false'}",
+                *overrides]
+        manifest, wall = compress(args, "distill", full)
+        m = manifest["distill"]["metrics"]
+        record(args.out, {"key": key, "group": group, "name": name, "epochs": epochs, "seed": seed,
+                          "val_acc": m["val_acc"], "alone": m.get("baseline_val_acc"), "wall_s": wall,
+                          "teacher": m["teacher_val_acc"], "images_per_s": m["images_per_s"],
+                          "store": m["teacher_outputs"].get("status"), "teacher_outputs": m["teacher_outputs"],
+                          "overrides": full})
+        if key == args.export_key:
+            manifest, wall = compress(args, "qat,export", full)
+            e, q = manifest["export"]["metrics"], manifest["qat"]["metrics"]
+            record(args.out, {"key": f"export {key}", "float": m["val_acc"], "qat_int8": q["int8_acc"],
+                              "fp32_onnx": e["fp32_onnx_acc"], "int8_onnx": e["int8_onnx_acc"],
+                              "int8_speedup": e["int8_speedup"], "wall_s": wall})
+
+
+def mean_std(values):
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summary(path):
+    rows = list(done(path).values())
+    teacher = next((r for r in rows if r["key"] == "teacher"), None)
+    if teacher:
+        print(f"teacher: {teacher['val_acc']:.2f}% ({teacher['wall_s'] / 60:.1f} min)")
+    by = {}
+    for r in rows:
+        if "name" in r:
+            by.setdefault((r["name"], r["epochs"]), []).append(r)
+    alone = {}
+    for (name, epochs), rs in by.items():
+        for r in rs:
+            if r.get("alone") is not None:  # the same views; with unlabelled images it sees only the labelled
+                mix = next((m for m in ("mixup", "cutmix") if m in name), None)
+                label = "alone" + (f" +{mix}" if mix else "")
+                alone.setdefault((label, epochs), []).append(r["alone"])
+    print("\n| student | epochs | val acc (mean ± std) | vs alone (same schedule) | seeds | per seed |")
+    print("|---|---:|---:|---:|---:|---|")
+    for (label, epochs), accs in sorted(alone.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        m, s = mean_std(accs)
+        print(f"| {label} | {epochs} | {m:.2f} ± {s:.2f} | - | {len(accs)} | {', '.join(f'{a:.2f}' for a in accs)} |")
+    for (name, epochs), rs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        accs = [r["val_acc"] for r in rs]
+        m, s = mean_std(accs)
+        base = alone.get(("alone", epochs))
+        gain = f"{m - mean_std(base)[0]:+.2f}" if base else "-"
+        print(f"| {name} | {epochs} | {m:.2f} ± {s:.2f} | {gain} | {len(accs)} | "
+              f"{', '.join(f'{a:.2f}' for a in accs)} |")
+    for r in rows:
+        if r["key"].startswith("export"):
+            print(f"\n{r['key']}: float {r['float']:.2f}%, QAT int8 {r['qat_int8']:.2f}%, "
+                  f"fp32 ONNX {r['fp32_onnx']:.2f}%, int8 ONNX {r['int8_onnx']:.2f}% ({r['int8_speedup']:.2f}x fp32)")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--unlabeled", help="folder of unlabelled images (data.unlabeled) for the unlabelled cells")
+    p.add_argument("--seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--short", type=int, default=40)
+    p.add_argument("--long", type=int, default=160)
+    p.add_argument("--unlabeled-epochs", type=int, default=80, help="a second schedule for the unlabelled cells")
+    p.add_argument("--export-key", default="standardized@160/s0", help="the cell whose student goes through QAT+export")
+    p.add_argument("--work", help="the run directory shared by every cell")
+    p.add_argument("--out", required=True, help="JSON-lines results file")
+    p.add_argument("--summary", action="store_true", help="only print the table from --out")
+    args = p.parse_args()
+    if not args.summary:
+        if not args.work:
+            p.error("--work is required to run cells")
+        run(args)
+    summary(args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The training loop alone, on a tiny model: the schedule, fit / train_one_epoch with their Session, exact
+resume from a mid-epoch checkpoint, and the distill stage's weighted loss total."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compress.data.imageset import Batch, ImageSet, TensorImages
+from compress.data.sampling import train_loader
+from compress.distill.logit_losses import dkd, hinton
+from compress.run.config import load_config
+from compress.training.loop import ResumePoint, Session, fit, train_one_epoch
+from compress.training.schedule import Schedule
+
+
+def test_schedule_warms_up_linearly_then_follows_cosine_to_zero():
+    s = Schedule("cosine", lr=0.4, epochs=10, steps_per_epoch=10, warmup_epochs=2)
+    assert s.lr_at(0) == pytest.approx(0.4 / 20) and s.lr_at(19) == pytest.approx(0.4)
+    assert s.lr_at(20) == pytest.approx(0.4)  # the first step after warm-up: the top of the cosine
+    assert s.lr_at(60) == pytest.approx(0.2)  # halfway through the 80 cosine steps
+    assert s.lr_at(99) == pytest.approx(0.4 * 0.5 * (1 + math.cos(math.pi * 79 / 80)))
+    assert s.lr_at(99) < 0.001
+
+
+def test_step_and_constant_schedules():
+    s = Schedule("step", lr=1.0, epochs=9, steps_per_epoch=5, step_size=3, gamma=0.5)
+    assert [s.lr_at(e * 5) for e in range(9)] == [1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25]
+    assert Schedule("constant", lr=0.3, epochs=2, steps_per_epoch=4).lr_at(7) == 0.3
+
+
+def test_an_unknown_schedule_kind_is_refused_not_treated_as_constant():
+    with pytest.raises(ValueError, match="unknown schedule 'flat'"):
+        Schedule("flat", 0.1, 1, 1)
+
+
+def tiny_data(n=96, seed=0):
+    """A separable 2-class problem as an in-memory image set (class = which half of the image is bright)."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 2, (n,), generator=g)
+    x = torch.randint(0, 60, (n, 1, 4, 4), generator=g, dtype=torch.uint8)
+    x[y == 1, :, :2] += 150
+    x[y == 0, :, 2:] += 150
+    data = ImageSet(y, (1, 4, 4), TensorImages(x))
+    data.normalise_with((0.3,), (0.3,))
+    return data
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Dropout(0.2), nn.Linear(8, 2))
+
+
+def ce(model):
+    return lambda batch, step: (F.cross_entropy(model(batch.x), batch.y), {"ce": 0.0})
+
+
+def evaluate_on(model, data):
+    def evaluate_fn(epoch):
+        model.eval()
+        with torch.no_grad():
+            b = data.batch(range(len(data)))
+            return {"val_acc": 100.0 * (model(b.x).argmax(1) == b.y).float().mean().item()}
+    return evaluate_fn
+
+
+def test_fit_trains_a_tiny_model_and_checkpoints_at_every_epoch_end():
+    data = tiny_data()
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    loader = train_loader(data, 16, 0, 1, seed=0)
+    saved = []
+    session = Session(name="tiny", seed_key=(0, "tiny"), save=lambda e, s, h, sums: saved.append((e, s, len(h))))
+    history = fit(model, ce(model), optimizer, loader, Schedule("constant", 0.5, 4, len(loader)),
+                  evaluate_on(model, data), session)
+    assert [h["epoch"] for h in history] == [1, 2, 3, 4]
+    assert history[-1]["train_loss"] < history[0]["train_loss"] and history[-1]["val_acc"] >= 95.0
+    assert saved == [(1, 0, 1), (2, 0, 2), (3, 0, 3), (4, 0, 4)]  # (epoch, step, finished epochs) at each end
+    assert "train_ce" in history[0]  # every loss term is averaged per epoch
+
+
+def test_train_one_epoch_runs_on_any_iterable_of_batches():
+    """Nothing but an iterable of Batches is needed: the loop is testable without a run directory or sampler."""
+    model = tiny_model()
+    b = tiny_data().batch(range(16))
+    sums = train_one_epoch(model, ce(model), torch.optim.SGD(model.parameters(), lr=0.1), [b, b],
+                           Schedule("constant", 0.1, 1, 2), 0, Session())
+    assert sums["images"] == 32 and sums["loss"] > 0
+
+
+def test_resuming_from_a_mid_epoch_point_gives_the_uninterrupted_weights():
+    """Data order from (seed, epoch), learning rate from the step, RNG (dropout) reseeded every step: a run
+    continued from the state saved after step 3 of epoch 2 ends bit-identical to the run that never stopped."""
+    import copy
+
+    data = tiny_data()
+    captured = {}
+
+    def train(model, optimizer, resume, save=None):
+        loader = train_loader(data, 16, 0, 1, seed=3)
+        schedule = Schedule("cosine", 0.3, 3, len(loader), warmup_epochs=0.5)
+        session = Session(name="tiny", seed_key=(3, "tiny"), resume=resume, save=save, save_every=3)
+        fit(model, ce(model), optimizer, loader, schedule, lambda e: {"val_acc": 0.0}, session)
+        return model
+
+    def capture(model, optimizer):
+        def save(epoch, step, history, sums):
+            if (epoch, step) == (1, 3):
+                captured.update(model=copy.deepcopy(model.state_dict()), optimizer=copy.deepcopy(
+                    optimizer.state_dict()), point=ResumePoint(1, 3, list(history), dict(sums)))
+        return save
+
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
+    straight = train(model, optimizer, ResumePoint(), capture(model, optimizer))
+    assert captured, "no checkpoint at epoch 2, step 3"
+    resumed_model = tiny_model(seed=99)  # other initial weights: everything must come from the checkpoint
+    resumed_model.load_state_dict(captured["model"])
+    resumed_optimizer = torch.optim.SGD(resumed_model.parameters(), lr=0.3, momentum=0.9)
+    resumed_optimizer.load_state_dict(captured["optimizer"])
+    resumed = train(resumed_model, resumed_optimizer, captured["point"])
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def distill_setup(*overrides):
+    from compress.data.datasets import load_data
+    from compress.models.registry import build_model
+    from stages.distill import build_pair
+
+    cfg = load_config(None, ["data.name=digits", *overrides])
+    data = load_data(cfg.data, cfg.seed)
+    torch.manual_seed(0)
+    student, teacher = build_pair(cfg, data, build_model("resnet8", data.input_shape, 10))
+    return cfg, data, student, teacher
+
+
+def test_the_distill_loss_is_the_weighted_sum_of_its_terms():
+    """Every weight counts, label smoothing counts: the stage's total equals the sum computed here from the
+    terms' own formulas."""
+    from stages.distill import make_loss
+
+    cfg, data, student, teacher = distill_setup("distill.ce_weight=0.3", "distill.kd.weight=2.5",
+                                                "distill.kd.temperature=3", "distill.label_smoothing=0.2")
+    batch = data.train.batch(range(24))
+    student.eval()
+    total, parts = make_loss(cfg.distill, student, teacher, None, 10)(batch, 0)
+    s, t = student(batch.x)[0], teacher(batch.x)["logits"]
+    ce_term = F.cross_entropy(s, batch.y, label_smoothing=0.2)
+    kd_term = hinton(s, t, 3.0)
+    assert parts == pytest.approx({"ce": ce_term.item(), "kd": kd_term.item()}, rel=1e-5)
+    assert total.item() == pytest.approx(0.3 * ce_term.item() + 2.5 * kd_term.item(), rel=1e-5)
+    plain = F.cross_entropy(s, batch.y).item()
+    assert parts["ce"] != pytest.approx(plain, rel=1e-6), "label smoothing must change the cross-entropy term"
+
+
+def test_dkd_weight_ramps_up_over_its_warm_up_epochs():
+    from stages.distill import make_loss
+
+    cfg, data, student, teacher = distill_setup("distill.kd.method=dkd", "distill.ce_weight=0",
+                                                "distill.kd.weight=1", "distill.kd.dkd.warmup_epochs=4")
+    batch = data.train.batch(range(24))
+    student.eval()
+    loss_fn = make_loss(cfg.distill, student, teacher, None, 10)  # 10 steps per epoch: warm-up over 40 steps
+    s, t = student(batch.x)[0], teacher(batch.x)["logits"]
+    full = dkd(s, t, batch.y, 4.0, 1.0, 8.0).item()
+    assert loss_fn(batch, 0)[0].item() == pytest.approx(full / 40, rel=1e-5)
+    assert loss_fn(batch, 19)[0].item() == pytest.approx(full / 2, rel=1e-5)
+    assert loss_fn(batch, 100)[0].item() == pytest.approx(full, rel=1e-5)
+
+
+def test_unlabelled_and_mixed_images_in_the_label_loss():
+    from compress.training.losses import label_loss
+
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    y, partner = torch.tensor([0, -1, 1]), torch.tensor([0, -1, 0])
+    batch = Batch(None, y, None, None, partner, torch.tensor([1.0, 1.0, 0.25]))
+    each = [F.cross_entropy(logits[i:i + 1], torch.tensor([c])).item() for i, c in ((0, 0), (2, 1), (2, 0))]
+    # sample 0: its own label, weight 1; sample 1: unlabelled, weight 0; sample 2: 1/4 own label, 3/4 partner's
+    expected = (each[0] + 0.25 * each[1] + 0.75 * each[2]) / 2.0
+    assert label_loss(logits, batch).item() == pytest.approx(expected, rel=1e-6)

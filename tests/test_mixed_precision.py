@@ -1,0 +1,87 @@
+"""The latency-aware choice of layers kept in float (compress.quant.mixed_precision.choose_float_layers), driven
+by a timer whose times come from a cost model instead of onnxruntime: each decision rule is checked alone."""
+
+from compress.models.registry import build_model
+from compress.quant.mixed_precision import candidate_groups, choose_float_layers
+
+
+class CostTimer:
+    """`compare(*choices)`: the time of each float-layer choice as the sum of per-layer costs (a layer in the
+    choice costs its float time, else its int8 time; ("<all>",) is the fp32 model). Records what it was asked."""
+
+    def __init__(self, float_ms, int8_ms):
+        self.float_ms, self.int8_ms, self.asked = float_ms, int8_ms, []
+
+    def compare(self, *choices):
+        self.asked.append(choices)
+        out = []
+        for choice in choices:
+            if choice == ("<all>",):
+                out.append(sum(self.float_ms.values()))
+            else:
+                out.append(sum(self.float_ms[n] if n in choice else self.int8_ms[n] for n in self.float_ms))
+        return out
+
+
+def compact():
+    model = build_model("compact_cnn", (3, 32, 32), 10)
+    groups, layers = candidate_groups(model)
+    assert layers == ["stem.0", "block1.0.0", "block2.0", "classifier"]
+    assert [label for label, _ in groups] == ["stem", "classifier"]
+    return model
+
+
+def test_everything_int8_when_every_layer_is_faster_in_int8():
+    timer = CostTimer({"stem.0": 2, "block1.0.0": 4, "block2.0": 4, "classifier": 1},
+                      {"stem.0": 1, "block1.0.0": 1, "block2.0": 1, "classifier": 0.5})
+    layers, figures = choose_float_layers(timer, compact())
+    assert layers == [] and figures["fp32_ms"] == 11 and figures["all_int8_ms"] == 3.5
+    assert [t["kept_float"] for t in figures["tried"]] == [False, False]
+
+
+def test_a_stem_that_is_slower_in_int8_stays_float_and_the_prefix_grows_while_it_pays():
+    timer = CostTimer({"stem.0": 1, "block1.0.0": 1, "block2.0": 4, "classifier": 1},
+                      {"stem.0": 3, "block1.0.0": 2, "block2.0": 1, "classifier": 1})
+    layers, figures = choose_float_layers(timer, compact())
+    # stem float saves 2 ms, block1 float saves 1 more; block2 float would cost 3 more: the prefix stops there
+    assert layers == ["block1.0.0", "stem.0"]
+    assert [t["float"] for t in figures["tried"]] == ["stem", "prefix up to block1.0.0", "prefix up to block2.0",
+                                                      "classifier"]
+    assert figures["chosen_ms"] == 1 + 1 + 1 + 1
+
+
+def test_a_group_must_save_more_than_the_margin_to_stay_float():
+    """Keeping a layer in float that saves 2 % is noise, not a decision: the margin (5 %) keeps it int8."""
+    int8 = {"stem.0": 1, "block1.0.0": 1, "block2.0": 1, "classifier": 1.0}
+    timer = CostTimer({"stem.0": 9, "block1.0.0": 9, "block2.0": 9, "classifier": 0.92}, int8)
+    assert choose_float_layers(timer, compact())[0] == []
+    timer = CostTimer({"stem.0": 9, "block1.0.0": 9, "block2.0": 9, "classifier": 0.7}, int8)
+    assert choose_float_layers(timer, compact())[0] == ["classifier"]
+
+
+def test_depthwise_convolutions_are_tried_as_one_group():
+    model = build_model("mobilenet_v2", (3, 32, 32), 10)
+    groups, layers = candidate_groups(model)
+    depthwise = dict(groups)["depthwise convolutions"]
+    assert len(depthwise) == 17 and all(name in layers for name in depthwise)
+    float_ms = {n: (0.1 if n in depthwise else 5.0) for n in layers}
+    int8_ms = {n: (0.5 if n in depthwise else 1.0) for n in layers}
+    chosen, figures = choose_float_layers(CostTimer(float_ms, int8_ms), model)
+    assert chosen == sorted(depthwise) and figures["tried"][-1]["float"] == "depthwise convolutions"
+
+
+def test_a_stop_request_is_honoured_between_candidates():
+    calls = []
+
+    def stop():
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    timer = CostTimer({"stem.0": 2, "block1.0.0": 4, "block2.0": 4, "classifier": 1},
+                      {"stem.0": 1, "block1.0.0": 1, "block2.0": 1, "classifier": 0.5})
+    try:
+        choose_float_layers(timer, compact(), stop=stop)
+    except KeyboardInterrupt:
+        pass
+    assert len(timer.asked) == 2  # fp32 vs all-int8, then the stem; stopped before the classifier

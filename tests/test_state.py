@@ -1,0 +1,167 @@
+"""Every branch of the run-state decision (compress.run.state.decide), on run directories written by hand:
+skip, fresh (new, --force, what changed), resume from a checkpoint (which part, which step), and the cases
+that must start over instead."""
+
+import logging
+import os
+
+import pytest
+import torch
+
+from compress.errors import InputError
+from compress.fileio import atomic_write_bytes, sha256_file
+from compress.run.config import config_slice, load_config, section_hash
+from compress.run.rundir import RunDir
+from compress.run.state import checkpoint_rel, decide, stage_states
+from compress.training.checkpoint import save_training_state
+from stages import STAGES
+
+TEACHER = "teacher/model.safetensors"
+
+
+def cfg(*overrides):
+    return load_config(None, ["data.name=digits", *overrides])
+
+
+@pytest.fixture
+def run(tmp_path):
+    return RunDir(tmp_path / "run")
+
+
+def write(run, rel, data=b"weights"):
+    atomic_write_bytes(run.path(rel), data)
+    return sha256_file(run.path(rel))
+
+
+def complete(run, stage, config, outputs=(), inputs=None):
+    spec = STAGES[stage]
+    sums = {rel: write(run, rel, f"{stage} {rel}".encode()) for rel in outputs}
+    run.update_stage(stage, status="complete", config_hash=section_hash(config, spec.CONFIG_KEYS),
+                     config=config_slice(config, spec.CONFIG_KEYS),
+                     inputs=inputs or {}, outputs=sums, metrics={})
+    return sums
+
+
+def checkpoint(run, stage, config, epoch, step, part="", world=1, inputs=None, config_hash=None):
+    model = torch.nn.Linear(2, 2)
+    state = {"stage": stage, "config_hash": config_hash or section_hash(config, STAGES[stage].CONFIG_KEYS),
+             "inputs": inputs or {}, "epoch": epoch, "step": step, "history": [{"val_acc": 1.0}] * epoch,
+             "running": None, "world_size": world, "extra": {"float_layers": ["stem.0"]}}
+    save_training_state(run.path(checkpoint_rel(stage, part)), {"model": model},
+                        torch.optim.SGD(model.parameters(), lr=0.1), state)
+
+
+def test_a_new_stage_runs_fresh(run):
+    state = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1)
+    assert (state.action, state.reason, state.resume) == ("fresh", "running", {})
+
+
+def test_force_runs_a_complete_stage_again(run):
+    complete(run, "teacher", cfg(), [TEACHER])
+    assert decide(run, cfg(), STAGES["teacher"], True, STAGES, 1).reason == "running (--force)"
+
+
+def test_a_complete_stage_with_the_same_config_and_files_is_skipped(run):
+    complete(run, "teacher", cfg(), [TEACHER])
+    assert decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).action == "skip"
+
+
+def test_a_changed_key_the_stage_depends_on_reruns_it_and_names_the_key(run):
+    complete(run, "teacher", cfg(), [TEACHER])
+    state = decide(run, cfg("teacher.epochs=5"), STAGES["teacher"], False, STAGES, 1)
+    assert state.action == "fresh" and state.reason == "running again: config changed (teacher.epochs)"
+    # a key of another stage does not touch this one
+    assert decide(run, cfg("distill.epochs=5"), STAGES["teacher"], False, STAGES, 1).action == "skip"
+
+
+def test_a_missing_or_modified_output_reruns_the_stage(run):
+    complete(run, "teacher", cfg(), [TEACHER])
+    write(run, TEACHER, b"edited")
+    assert decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason.endswith(f"its output {TEACHER} was modified")
+    os.unlink(run.path(TEACHER))
+    assert decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason.endswith(f"its output {TEACHER} is missing")
+
+
+def test_a_stage_whose_input_is_not_there_says_which_stage_to_run(run):
+    with pytest.raises(InputError, match="run the teacher stage first: teacher/model.safetensors is not in"):
+        decide(run, cfg(), STAGES["distill"], False, STAGES, 1)
+
+
+def test_a_new_input_reruns_the_stage_that_read_the_old_one(run):
+    sums = complete(run, "teacher", cfg(), [TEACHER])
+    complete(run, "distill", cfg(), ["distill/model.safetensors"], inputs=sums)
+    assert decide(run, cfg(), STAGES["distill"], False, STAGES, 1).action == "skip"
+    complete(run, "teacher", cfg(), [TEACHER])  # retrained: other bytes
+    write(run, TEACHER, b"a retrained teacher")
+    run.update_stage("teacher", outputs={TEACHER: sha256_file(run.path(TEACHER))})
+    state = decide(run, cfg(), STAGES["distill"], False, STAGES, 1)
+    assert state.reason == f"running again: its input {TEACHER} changed"
+
+
+def test_an_interrupted_stage_resumes_from_the_step_its_checkpoint_names(run):
+    run.update_stage("teacher", status="interrupted")
+    checkpoint(run, "teacher", cfg(), epoch=1, step=7)
+    state = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1)
+    assert state.action == "resume" and state.reason == "resuming the interrupted run at epoch 2, step 7"
+    point = state.resume_of("")
+    assert (point.path, point.epoch, point.step) == (checkpoint_rel("teacher"), 1, 7)
+    assert point.extra["float_layers"] == ["stem.0"]  # what the stage kept with it comes back with the state
+
+
+def test_a_checkpoint_of_another_config_or_a_damaged_one_starts_over(run):
+    run.update_stage("teacher", status="interrupted")
+    checkpoint(run, "teacher", cfg(), epoch=1, step=7, config_hash="0123456789abcdef")
+    assert decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason == (
+        "the interrupted run used another config or inputs; starting over")
+    checkpoint(run, "teacher", cfg(), epoch=9, step=0)  # beyond the configured 4 epochs
+    reason = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason
+    assert reason.startswith("the resume checkpoint is damaged ('epoch' 9 is beyond") and "starting over" in reason
+    write(run, checkpoint_rel("teacher"), b"\x00garbage")
+    reason = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason
+    assert reason.startswith("the resume checkpoint is unreadable") and reason.endswith("starting over")
+
+
+def test_a_mid_epoch_checkpoint_of_another_world_size_redoes_that_epoch(run):
+    run.update_stage("teacher", status="interrupted")
+    checkpoint(run, "teacher", cfg(), epoch=1, step=7, world=2)
+    state = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1)
+    assert state.resume_of("").step == 0 and "written mid-epoch by 2 processes: redoing that epoch" in state.reason
+    assert decide(run, cfg(), STAGES["teacher"], False, STAGES, 2).resume_of("").step == 7
+
+
+def test_the_baseline_part_resumes_only_from_a_checkpoint_of_the_same_run(run):
+    sums = complete(run, "teacher", cfg(), [TEACHER])
+    run.update_stage("distill", status="interrupted")
+    checkpoint(run, "distill", cfg(), epoch=8, step=0, inputs=sums)
+    checkpoint(run, "distill", cfg(), epoch=3, step=2, part="baseline", inputs=sums)
+    state = decide(run, cfg(), STAGES["distill"], False, STAGES, 1)
+    assert state.reason == "resuming the interrupted run after its last epoch"
+    assert state.resume_of("baseline").epoch == 3 and state.resume_of("baseline").step == 2
+    checkpoint(run, "distill", cfg(), epoch=3, step=2, part="baseline", inputs=sums, config_hash="f" * 16)
+    assert decide(run, cfg(), STAGES["distill"], False, STAGES, 1).resume_of("baseline") is None
+
+
+def test_a_failed_stage_is_retried_from_its_checkpoint_and_says_it_failed(run):
+    run.update_stage("teacher", status="failed", message="teacher: the loss became nan at epoch 2; lower it")
+    checkpoint(run, "teacher", cfg(), epoch=1, step=0)
+    reason = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason
+    assert reason.startswith("the last run failed (teacher: the loss became nan at epoch 2)")
+
+
+def test_an_optional_input_that_is_absent_is_left_out(run):
+    complete(run, "distill", cfg(), ["distill/model.safetensors"])
+    complete(run, "qat", cfg(), ["qat/qat.safetensors"])
+    state = decide(run, cfg(), STAGES["export"], False, STAGES, 1)
+    assert set(state.sources) == {"distill:model", "qat:model"}  # no teacher: its latency row is optional
+
+
+def test_reading_a_stale_upstream_output_warns(run, caplog):
+    sums = complete(run, "teacher", cfg(), [TEACHER])
+    complete(run, "distill", cfg(), ["distill/model.safetensors"], inputs=sums)
+    complete(run, "qat", cfg(), ["qat/qat.safetensors"], inputs={"distill/model.safetensors": "0" * 64})
+    assert stage_states(run, STAGES)["qat"] == ("invalidated", "distill/model.safetensors changed since this stage "
+                                                                "ran")
+    run.update_stage("teacher", outputs={TEACHER: "1" * 64})  # the teacher ran again: distill is stale now
+    with caplog.at_level(logging.WARNING):
+        decide(run, cfg(), STAGES["qat"], False, STAGES, 1)
+    assert "reading distill/model.safetensors from the distill stage, which is stale" in caplog.text
