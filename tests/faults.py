@@ -10,6 +10,11 @@ others), `sigint` sends this process SIGINT right after that step's update (Ctrl
 the real signal, through the real handler). With `rank`, only that rank is hit; under torchrun only the
 first attempt of the group is (a restarted group runs clean). The script also works as torchrun's worker
 script.
+
+    COMPRESS_FAULT=store:N python tests/faults.py run ...
+
+SIGKILLs the process right after the teacher-output store wrote its N-th chunk of this run (a kill -9 in the
+middle of building the store).
 """
 
 import os
@@ -21,7 +26,23 @@ import torch
 import compress.training.loop as loop
 
 
+def install_store_fault(count):
+    import compress.distill.store as store
+
+    original, written = store.TeacherOutputStore._write_chunk, []
+
+    def write_chunk(self, c, tensors):
+        original(self, c, tensors)
+        written.append(c)
+        if len(written) == count:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    store.TeacherOutputStore._write_chunk = write_chunk
+
+
 def install(spec):
+    if spec.startswith("store:"):
+        return install_store_fault(int(spec.split(":")[1]))
     parts = spec.split(":")
     stage, epoch, step = parts[0], int(parts[1]), int(parts[2])
     kind = parts[3] if len(parts) > 3 else "kill"

@@ -54,3 +54,65 @@ def test_regressors_map_student_to_teacher_shape():
         make_regressor("conv3x3", (16, 8, 8), (32, 4, 4))
     with pytest.raises(InputError, match="needs 4-D feature maps"):
         make_regressor("conv1x1", (64,), (32, 4, 4))
+
+
+# ---------------------------------------------------------------- the logit losses, against hand computation
+
+
+def softmax(values, t=1.0):
+    e = [math.exp(v / t) for v in values]
+    return [x / sum(e) for x in e]
+
+
+def kl(p, q):
+    return sum(a * math.log(a / b) for a, b in zip(p, q) if a > 0)
+
+
+def test_dkd_is_the_weighted_sum_of_the_binary_and_the_non_target_divergences():
+    from compress.distill.logit_losses import dkd
+
+    s, t, target, temp = [2.0, 0.5, -1.0], [1.0, 2.0, 0.0], 1, 2.0
+    ps, pt = softmax(s, temp), softmax(t, temp)
+    tckd = kl([pt[1], 1 - pt[1]], [ps[1], 1 - ps[1]])
+    nckd = kl(softmax([t[0], t[2]], temp), softmax([s[0], s[2]], temp))
+    expected = (1.5 * tckd + 8.0 * nckd) * temp ** 2
+    got = dkd(torch.tensor([s]), torch.tensor([t]), torch.tensor([target]), temp, alpha=1.5, beta=8.0)
+    assert got.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_dkd_of_a_confident_model_is_finite():
+    from compress.distill.logit_losses import dkd
+
+    s = torch.tensor([[200.0, -200.0, 0.0]])
+    assert torch.isfinite(dkd(s, s.flip(1), torch.tensor([0]), 1.0)).item()
+
+
+def pearson(a, b):
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
+    return cov / (math.sqrt(sum((x - ma) ** 2 for x in a)) * math.sqrt(sum((y - mb) ** 2 for y in b)))
+
+
+def test_dist_relates_classes_within_each_sample_and_samples_within_each_class():
+    from compress.distill.logit_losses import dist
+
+    s = [[1.0, 0.0, -1.0], [0.0, 2.0, 0.5], [0.3, 0.1, 1.0]]
+    t = [[2.0, 0.5, 0.0], [0.5, 1.0, 1.5], [-1.0, 0.2, 0.8]]
+    temp = 2.0
+    ps, pt = [softmax(r, temp) for r in s], [softmax(r, temp) for r in t]
+    inter = 1 - sum(pearson(a, b) for a, b in zip(ps, pt)) / 3
+    intra = 1 - sum(pearson([r[c] for r in ps], [r[c] for r in pt]) for c in range(3)) / 3
+    expected = temp ** 2 * (0.7 * inter + 1.3 * intra)
+    assert dist(torch.tensor(s), torch.tensor(t), temp, beta=0.7, gamma=1.3).item() == pytest.approx(expected, rel=1e-5)
+    assert dist(torch.tensor(t), torch.tensor(t), temp).item() == pytest.approx(0.0, abs=1e-4)  # float32 rounding
+
+
+def test_standardized_kd_ignores_each_samples_logit_scale_and_shift():
+    from compress.distill.logit_losses import standardized
+
+    s = torch.tensor([[1.0, 2.0, 3.0]])
+    assert standardized(s, 5 * s + 7, 2.0).item() == pytest.approx(0.0, abs=1e-6)
+    # z([1, 2, 3]) = [-1, 0, 1] (unbiased std 1); z([0, 0, 3]) = [-1/sqrt(3), -1/sqrt(3), 2/sqrt(3)]
+    r = 1 / math.sqrt(3)
+    expected = kl(softmax([-r, -r, 2 * r], 2.0), softmax([-1, 0, 1], 2.0)) * 4
+    assert standardized(s, torch.tensor([[0.0, 0.0, 3.0]]), 2.0).item() == pytest.approx(expected, rel=1e-5)

@@ -304,7 +304,7 @@ class TeacherOutputStore:
             for r, t in enumerate(dist.all_gather_tensor(env, mine)):
                 out[r].append((name, t))
         gathered = []
-        for r, cid in enumerate(ids.view(-1).tolist()):
+        for r, cid in enumerate(int(t.item()) for t in ids):
             if cid >= 0:
                 n = len(self.spec.chunk_rows(cid))
                 gathered.append((cid, {name: t[:n] for name, t in out[r]}))

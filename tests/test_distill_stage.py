@@ -1,0 +1,155 @@
+"""The distill stage end to end on the tiny digits config: every logit loss through the teacher-output store,
+unlabelled images, kill -9 during training and during the store's build (then bit-identical), and 2-process DDP
+building the same store as one process."""
+
+import json
+import os
+import shutil
+import signal
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from compress.training.checkpoint import read_weights
+from conftest import compress_subprocess, fault_subprocess, invoke
+
+STUDENT = "distill/model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tiny_config, tmp_path_factory):
+    """A run directory holding only the tiny config's trained teacher."""
+    run = tmp_path_factory.mktemp("teacher") / "run"
+    result = invoke("run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher", "--set", "teacher.epochs=1")
+    assert result.exit_code == 0, result.output
+    return run
+
+
+@pytest.fixture(scope="module")
+def unlabeled(tmp_path_factory):
+    """40 unlabelled 8x8 grey images in nested folders (the digits' own size)."""
+    root = tmp_path_factory.mktemp("unlabeled")
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        folder = root / f"batch{i % 3}"
+        folder.mkdir(exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (8, 8), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
+def copy_of(teacher_run, tmp_path, name="run"):
+    target = tmp_path / name
+    shutil.copytree(teacher_run, target)
+    return target
+
+
+def distill(run, tiny_config, *overrides, fault=None):
+    args = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "distill", "--set", "teacher.epochs=1",
+            "--set", "distill.epochs=2", "--set", "distill.hint.weight=0", "--set", "distill.baseline=false",
+            *[a for o in overrides for a in ("--set", o)]]
+    return fault_subprocess(*args, fault=fault) if fault else compress_subprocess(*args)
+
+
+def metrics(run):
+    return json.loads((run / "manifest.json").read_text())["stages"]["distill"]["metrics"]
+
+
+def same_weights(a, b):
+    x, _ = read_weights(a / STUDENT)
+    y, _ = read_weights(b / STUDENT)
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_every_logit_loss_trains_from_one_store_built_once(teacher_run, tiny_config, tmp_path):
+    run = copy_of(teacher_run, tmp_path)
+    statuses = []
+    for method in ("hinton", "dkd", "dist", "standardized"):
+        proc = distill(run, tiny_config, f"distill.kd.method={method}")
+        assert proc.returncode == 0, proc.stderr
+        m = metrics(run)
+        assert m["kd_method"] == method and m["losses"] == ["ce", "kd"] and m["val_acc"] > 20, m
+        statuses.append(m["teacher_outputs"]["status"])
+    assert statuses == ["build", "reuse", "reuse", "reuse"]  # another loss: the teacher runs zero times
+
+
+def test_unlabelled_images_train_the_student_through_the_teacher(teacher_run, tiny_config, tmp_path, unlabeled):
+    run = copy_of(teacher_run, tmp_path)
+    proc = distill(run, tiny_config, f"data.unlabeled={unlabeled}", "distill.baseline=true")
+    assert proc.returncode == 0, proc.stderr
+    m = metrics(run)
+    assert (m["labelled_images"], m["unlabelled_images"]) == (1617, 40)
+    assert m["teacher_outputs"]["samples"] == 1657 and "baseline_val_acc" in m
+    report = (run / "report.md").read_text()
+    assert "also learned from 40 unlabelled images" in report and "saw only the 1,617 labelled ones" in report
+
+
+def test_an_unlabelled_folder_without_images_or_with_a_broken_one_is_one_clear_error(teacher_run, tiny_config,
+                                                                                      tmp_path, unlabeled):
+    run = copy_of(teacher_run, tmp_path)
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    (empty / "notes.txt").write_text("no images here")
+    proc = distill(run, tiny_config, f"data.unlabeled={empty}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"data.unlabeled: folder '{empty}' holds no image files" in proc.stderr
+    broken = tmp_path / "broken"
+    shutil.copytree(unlabeled, broken)
+    (broken / "batch1" / "bad.png").write_bytes(b"not a png at all")
+    proc = distill(run, tiny_config, f"data.unlabeled={broken}")
+    assert proc.returncode == 2 and f"cannot read image '{broken / 'batch1' / 'bad.png'}'" in proc.stderr
+    assert "distill" not in json.loads((run / "manifest.json").read_text())["stages"]  # nothing was written
+
+
+@pytest.mark.parametrize("method", ["dist", "standardized"])
+def test_kill_9_with_unlabelled_images_resumes_bit_identically(teacher_run, tiny_config, tmp_path, unlabeled,
+                                                                 method):
+    settings = (f"data.unlabeled={unlabeled}", f"distill.kd.method={method}")
+    straight = copy_of(teacher_run, tmp_path, "straight")
+    assert distill(straight, tiny_config, *settings).returncode == 0
+    killed = copy_of(teacher_run, tmp_path, "killed")
+    proc = distill(killed, tiny_config, *settings, fault="distill:1:20")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    again = distill(killed, tiny_config, *settings)
+    assert again.returncode == 0 and "distill: resuming" in again.stderr, again.stderr
+    assert same_weights(straight, killed)
+
+
+def test_kill_9_while_building_the_store_resumes_the_build(teacher_run, tiny_config, tmp_path):
+    straight = copy_of(teacher_run, tmp_path, "straight")
+    assert distill(straight, tiny_config).returncode == 0
+    killed = copy_of(teacher_run, tmp_path, "killed")
+    proc = distill(killed, tiny_config, fault="store:2")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    chunks = sorted(os.listdir(killed / "distill" / "teacher_outputs"))
+    assert chunks == ["chunk-000000.safetensors", "chunk-000001.safetensors"]  # two written, no store.json
+    again = distill(killed, tiny_config)
+    assert again.returncode == 0, again.stderr
+    assert "resuming the build of the store" in again.stderr and "(2 of 3 chunks already built)" in again.stderr
+    assert metrics(killed)["teacher_outputs"]["chunks_built"] == 1
+    assert same_weights(straight, killed)
+
+
+def test_two_processes_build_the_same_store_and_keep_replicas_identical(teacher_run, tiny_config, tmp_path,
+                                                                         unlabeled):
+    settings = (f"data.unlabeled={unlabeled}", "distill.kd.method=dkd")
+    single = copy_of(teacher_run, tmp_path, "single")
+    assert distill(single, tiny_config, *settings).returncode == 0
+    double = copy_of(teacher_run, tmp_path, "double")
+    proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", double, "--stages", "distill",
+                               "--nproc-per-node", "2", "--set", "teacher.epochs=1", "--set", "distill.epochs=2",
+                               "--set", "distill.hint.weight=0", "--set", "distill.baseline=false",
+                               *[a for o in settings for a in ("--set", o)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = metrics(double)
+    assert m["replicas_identical"] is True and m["teacher_outputs"]["status"] == "build"
+    folder = "distill/teacher_outputs"
+    names = sorted(os.listdir(single / folder))
+    assert names == sorted(os.listdir(double / folder))
+    for name in names:  # computed by two processes (rank 0 writing), chunk for chunk the same bytes
+        if name != "store.json":  # which records the build's seconds and process count
+            assert (single / folder / name).read_bytes() == (double / folder / name).read_bytes(), name
+    manifests = [json.loads((r / folder / "store.json").read_text()) for r in (single, double)]
+    assert manifests[0]["chunks"] == manifests[1]["chunks"] and manifests[1]["last_build"]["processes"] == 2
+    assert abs(m["val_acc"] - metrics(single)["val_acc"]) < 10

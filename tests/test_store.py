@@ -1,0 +1,151 @@
+"""The teacher-output store: top-k packing, self-checking chunks, resumed and extended builds, and the key."""
+
+import math
+import os
+
+import pytest
+import torch
+
+from compress.data.datasets import load_data
+from compress.distill.store import StoreSpec, TeacherOutputStore, pack_logits, unpack_logits
+from compress.distill.teacher import FrozenTeacher
+from compress.errors import InputError, Interrupted
+from compress.models.registry import build_model
+from compress.run.config import load_config
+from compress.training import interrupt
+from compress.training.distributed import DistEnv
+
+
+def spec(**changes):
+    fields = dict(teacher_sha256="a" * 64, teacher_model="resnet8", data_fingerprint="f" * 16, samples=250, views=3,
+                  classes=10, top_k=10, augment={"kind": "pad_crop"}, precision="fp32", rows_per_chunk=100)
+    return StoreSpec(**{**fields, **changes})
+
+
+def test_top_k_keeps_the_teachers_top_probabilities_and_spreads_the_rest_evenly():
+    logits = torch.tensor([[5.0, 3.0, 1.0, 0.0, -1.0]])
+    s = spec(classes=5, top_k=2)
+    packed = pack_logits(logits, s)
+    assert packed["values"].dtype == torch.float16 and packed["indices"].tolist() == [[0, 1]]
+    p = torch.softmax(unpack_logits(packed, s), 1)[0].tolist()
+    exact = torch.softmax(logits, 1)[0].tolist()
+    assert p[0] == pytest.approx(exact[0], rel=1e-3) and p[1] == pytest.approx(exact[1], rel=1e-3)
+    rest = 1 - exact[0] - exact[1]
+    assert p[2:] == pytest.approx([rest / 3] * 3, rel=1e-3)
+    # every logit kept when there are few classes: nothing but fp16 rounding
+    dense = spec(classes=5, top_k=5)
+    assert torch.allclose(unpack_logits(pack_logits(logits, dense), dense), logits, atol=1e-2)
+
+
+def test_bytes_per_image_and_view_at_imagenet_scale():
+    s = spec(classes=1000, top_k=10)
+    assert s.bytes_per_row() == 10 * 2 + 10 * 2 + 4  # fp16 values, int16 indices, fp32 rest: 44 bytes
+    assert spec(classes=10, top_k=10).bytes_per_row() == 20
+
+
+def test_the_key_ignores_the_number_of_views_and_names_what_changed():
+    assert spec(views=3).key == spec(views=40).key
+    assert spec(teacher_sha256="b" * 64).key != spec().key
+    assert spec().difference({**vars(spec()), "teacher_sha256": "c"}) == "the teacher changed"
+
+
+@pytest.fixture(scope="module")
+def digits():
+    cfg = load_config(None, ["data.name=digits", "data.augment=pad_crop", "data.limit=250"])
+    data = load_data(cfg.data, 0)
+    torch.manual_seed(0)
+    teacher = FrozenTeacher(build_model("resnet8", data.input_shape, 10))
+    return data, teacher
+
+
+def build(folder, digits, views=3, **changes):
+    data, teacher = digits
+    train = data.train.with_augment(views=views, view_seed=1)
+    store = TeacherOutputStore(str(folder), spec(data_fingerprint=train.fingerprint(), views=views, **changes))
+    plan = store.prepare(DistEnv())
+    store.build(teacher, train, DistEnv(), 64, lambda x: x, plan)
+    return store, plan, train
+
+
+def read_chunks(folder):
+    return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder)) if n.startswith("chunk-")}
+
+
+def test_a_built_store_is_reused_and_a_damaged_chunk_is_found_and_rebuilt(tmp_path, digits):
+    folder = tmp_path / "store"
+    store, plan, train = build(folder, digits)
+    assert plan["status"] == "build" and len(read_chunks(folder)) == 9  # 3 views x 3 blocks of 100
+    good = read_chunks(folder)
+    assert build(folder, digits)[1]["status"] == "reuse"
+    data = bytearray(good["chunk-000004.safetensors"])
+    data[-3] ^= 0x01  # one changed bit in the logits
+    (folder / "chunk-000004.safetensors").write_bytes(bytes(data))
+    (folder / "chunk-000007.safetensors").write_bytes(good["chunk-000007.safetensors"][:200])  # truncated
+    _, plan, _ = build(folder, digits)
+    assert plan["status"] == "rebuild" and plan["missing"] == [4, 7] and "2 damaged chunk(s)" in plan["reason"]
+    assert read_chunks(folder) == good  # rebuilt exactly as before
+
+
+def test_an_interrupted_build_resumes_where_it_stopped(tmp_path, digits):
+    folder = tmp_path / "store"
+    build(folder, digits)
+    whole = read_chunks(folder)
+    for name in ("chunk-000005.safetensors", "chunk-000008.safetensors", "store.json"):
+        os.unlink(folder / name)  # as if killed after chunk 4 was written
+    _, plan, _ = build(folder, digits)
+    assert plan["status"] == "resume" and plan["missing"] == [5, 8]
+    assert read_chunks(folder) == whole
+
+
+def test_ctrl_c_during_the_build_keeps_the_chunks_written_so_far(tmp_path, digits):
+    folder = tmp_path / "store"
+    data, teacher = digits
+    train = data.train.with_augment(views=3, view_seed=1)
+    store = TeacherOutputStore(str(folder), spec(data_fingerprint=train.fingerprint()))
+    calls = []
+
+    def teacher_then_ctrl_c(x):
+        calls.append(1)
+        if len(calls) == 5:  # during the third chunk
+            interrupt._requested = True
+        return teacher(x)
+
+    try:
+        with pytest.raises(Interrupted, match="while computing the teacher's outputs .*rerun the same command to "
+                                              "resume the build"):
+            store.build(teacher_then_ctrl_c, train, DistEnv(), 64, lambda x: x, store.prepare(DistEnv()))
+    finally:
+        interrupt._requested = False
+    assert 1 <= len(read_chunks(folder)) < 9 and not (folder / "store.json").exists()
+    assert build(folder, digits)[1]["status"] == "resume"
+
+
+def test_more_views_extend_the_store_and_fewer_reuse_it(tmp_path, digits):
+    folder = tmp_path / "store"
+    build(folder, digits, views=2)
+    two = read_chunks(folder)
+    store, plan, train = build(folder, digits, views=3)
+    assert plan["status"] == "extend" and plan["missing"] == [6, 7, 8]
+    assert {k: v for k, v in read_chunks(folder).items() if k in two} == two
+    store, plan, train = build(folder, digits, views=1)
+    assert plan["status"] == "reuse"
+    store.open()
+    batch = train.batch(range(10, 20), epoch=7)  # one view: epoch 7 shows view 0, which the store holds
+    assert torch.allclose(store.lookup(batch.index, batch.view, "cpu")["logits"], digits[1](batch.x)["logits"],
+                          atol=2e-2)
+
+
+def test_a_store_of_another_teacher_is_rebuilt_and_says_why(tmp_path, digits):
+    folder = tmp_path / "store"
+    build(folder, digits)
+    _, plan, _ = build(folder, digits, teacher_sha256="b" * 64)
+    assert (plan["status"], plan["reason"], plan["wipe"]) == ("rebuild", "the teacher changed", True)
+
+
+def test_a_store_that_does_not_fit_on_the_disk_is_refused_before_training(tmp_path):
+    store = TeacherOutputStore(str(tmp_path / "store"), spec(classes=1000, top_k=10, samples=10**9, views=10**4,
+                                                                 rows_per_chunk=10**9))
+    with pytest.raises(InputError, match=r"distill: the teacher-output store needs [\d.]+ GB more \(10000 views x "
+                                         r"1,000,000,000 images x 44 bytes\) but .* GB free; lower distill.views"):
+        store.check_disk(list(range(10**4)))
+    assert math.isfinite(store.spec.total_bytes())
