@@ -27,6 +27,10 @@ setup(
         "scikit-learn>=1.3",  # ships the tiny `digits` dataset used by the tests
         "matplotlib>=3.7",  # report.png
     ],
-    extras_require={"test": ["pytest>=7.0"]},
+    extras_require={
+        "test": ["pytest>=7.0", "tensorboard>=2.10", "openvino>=2024.0"],  # the optional paths get tested too
+        "openvino": ["openvino>=2024.0"],  # latency in OpenVINO beside onnxruntime (export.runtimes, bench --runtime)
+        "tensorboard": ["tensorboard>=2.10"],  # per-epoch scalars of every training stage
+    },
     entry_points={"console_scripts": ["compress=compress.cli:main"]},
 )

@@ -1,21 +1,27 @@
 """export: float and int8 ONNX files, checked by onnx, run by onnxruntime, compared with PyTorch on the
-validation set, timed, and measured. Runs on rank 0 only; it needs no process group."""
+validation set, timed in every runtime asked for, and measured beside onnxruntime's post-training quantization
+of the same float model; it ends with a verdict - which file to deploy and why. Runs on rank 0 only; it needs
+no process group."""
 
 import logging
 import os
 import tempfile
+
+import torch
 
 from compress import __version__
 from compress.data.datasets import load_data
 from compress.data.sampling import eval_loader
 from compress.deploy.latency import latency_table, speedup_text
 from compress.deploy.onnx_model import INT8_KERNELS, OnnxModel, optimized_op_types
+from compress.deploy.runtimes import default_runtimes
 from compress.errors import CompressError, StageFailed
-from compress.fileio import atomic_write_json
+from compress.fileio import atomic_write_json, read_json
 from compress.models.registry import build_model, count_parameters
 from compress.quant import fx
 from compress.quant.onnx_export import export_onnx
-from compress.quant.verify import checks, compare, output_step, speed_gate
+from compress.quant.ptq import quantize_ptq
+from compress.quant.verify import checks, compare, onnx_accuracy, output_step, speed_gate, verdict
 from compress.run.config import quantized_model
 from compress.run.contract import Input, StageResult
 from compress.training import interrupt
@@ -26,7 +32,8 @@ log = logging.getLogger(__name__)
 NAME = "export"
 SUMMARY = "float + int8 ONNX, verified with onnxruntime (parity, accuracy, int8 kernels, size, latency)"
 CONFIG_KEYS = ("seed", "data", "-data.unlabeled", "model", "qat.source", "export")
-OUTPUTS = {"fp32": "export/model.fp32.onnx", "int8": "export/model.int8.onnx", "report": "export/export.json"}
+OUTPUTS = {"fp32": "export/model.fp32.onnx", "int8": "export/model.int8.onnx", "ptq": "export/model.ptq.onnx",
+           "report": "export/export.json"}
 PARTS = ()
 RANK0_ONLY = True
 
@@ -40,56 +47,91 @@ def inputs(cfg):
 def run(ctx):
     cfg, e = ctx.cfg, ctx.cfg.export
     data = load_data(cfg.data, cfg.seed)
-    source = cfg.qat.source
-    model_name = quantized_model(cfg.model, source)
-    float_model, _ = ctx.load_model(source, model_name, data)
+    model_name = quantized_model(cfg.model, cfg.qat.source)
+    float_model, _ = ctx.load_model(cfg.qat.source, model_name, data)
     int8_model, qconfig = _rebuild_int8(ctx, model_name, data)
+    runtimes = list(e.runtimes or default_runtimes())  # checked installed before anything was written
     ctx.begin()
-
-    example = data.val.batch([0, 1]).x
-    meta = deployment_metadata(model_name, data)
-    paths = {"fp32": ctx.run.path(OUTPUTS["fp32"]), "int8": ctx.run.path(OUTPUTS["int8"])}
-    export_onnx(float_model, example, paths["fp32"], e.opset,
-                {**meta, "precision": "fp32", "source_sha256": ctx.input_sha256(source, "model")})
-    stop_if_asked("after writing model.fp32.onnx")
-    export_onnx(int8_model, example, paths["int8"], e.opset,
-                {**meta, "precision": "int8", "source_sha256": ctx.input_sha256("qat", "model"), "qconfig": qconfig})
-    stop_if_asked("after writing model.int8.onnx")
-
+    paths = _write_files(ctx, float_model, int8_model, qconfig, model_name, data)
     loader = eval_loader(data.val, cfg.train.eval_batch_size, 0, 1)
     report = {"opset": e.opset, "params": count_parameters(float_model),
               "files": {k: os.path.basename(p) for k, p in paths.items()},
               "size_bytes": {k: os.path.getsize(p) for k, p in paths.items()}}
     report["size_ratio_int8_fp32"] = round(report["size_bytes"]["int8"] / report["size_bytes"]["fp32"], 4)
-    report["fp32"] = compare(float_model, OnnxModel(paths["fp32"]), loader)
-    # Two int8 implementations round differently, and the differences add up through a deep network: a pick
-    # within two steps of the int8 logits' resolution from torch's best is a tie, not a disagreement
-    step = output_step(paths["int8"])
-    report["int8"] = compare(int8_model, OnnxModel(paths["int8"]), loader, tie=None if step is None else 2 * step)
-    ops = optimized_op_types(paths["int8"])
-    report["int8_kernels"] = {op: n for op, n in ops.items() if op in INT8_KERNELS}
-    report["int8_optimized_ops"] = ops
+    report.update(_parity(float_model, int8_model, paths, loader))
     stop_if_asked("after checking parity")
-    report["latency_ms"] = {k: latency_table(p, e.latency_batch_sizes, repeats=e.latency_repeats,
-                                             warmup=e.latency_warmup, stop=stop_if_asked)
-                            for k, p in paths.items()}
+    report["runtimes"] = {rt: {k: latency_table(p, e.latency_batch_sizes, repeats=e.latency_repeats,
+                                                warmup=e.latency_warmup, stop=stop_if_asked, runtime=rt)
+                               for k, p in paths.items()} for rt in runtimes}
+    report["latency_ms"] = dict(report["runtimes"][runtimes[0]])  # the deciding runtime's: the report's columns
     batch = max(e.latency_batch_sizes)
     report["speed"] = speed_gate(paths, data.val.batch([i % len(data.val) for i in range(batch)]).x, e,
-                                 stop=stop_if_asked)
+                                 stop=stop_if_asked, runtime=runtimes[0])
     report["float_layers"] = qconfig.get("float_layers", [])
     report["mixed_precision"] = _mixed_precision_figures(ctx)
-    reference = _teacher_reference(ctx, data, example, e) if source == "distill" else None
+    reference = _teacher_reference(ctx, data, e, runtimes[0]) if cfg.qat.source == "distill" else None
     if reference:
         report["latency_ms"]["teacher"], report["size_bytes"]["teacher_onnx"] = reference
         report["teacher_file"] = ctx.state.sources["teacher:model"]
     report["checks"] = checks(report, e)
+    report["verdict"] = verdict(report["speed"], report["size_bytes"],
+                                {k: report[k]["onnx_acc"] for k in ("fp32", "int8")}, report["float_layers"], e)
     atomic_write_json(ctx.run.path(OUTPUTS["report"]), report)
+    kept = f"files kept in {ctx.run.rel(ctx.stage_path())}/, figures in export.json"
     failed = [name for name, c in report["checks"].items() if not c["ok"]]
     if failed:
         details = "; ".join(f"{n}: {report['checks'][n]['detail']}" for n in failed)
-        raise StageFailed(f"export: {len(failed)} check(s) failed - {details}; files kept in "
-                          f"{ctx.run.rel(ctx.stage_path())}/, figures in export.json")
-    return StageResult(summary_metrics(report), list(OUTPUTS.values()), _summary(report))
+        raise StageFailed(f"export: {len(failed)} check(s) failed - {details}; {kept}")
+    if e.require_faster_int8 and not report["verdict"]["int8_faster"]:
+        raise StageFailed(f"export: {report['verdict']['why']}; {kept} (export.require_faster_int8 is true: set it "
+                          "to false to finish with the fp32 file as the one to deploy)")
+    return StageResult(summary_metrics(report), [OUTPUTS[k] for k in (*paths, "report")], _summary(report))
+
+
+def _write_files(ctx, float_model, int8_model, qconfig, model_name, data):
+    """The fp32, QAT int8 and (export.ptq) post-training int8 ONNX files, each with the deployment metadata;
+    a Ctrl-C between files leaves whole files only."""
+    e = ctx.cfg.export
+    example = data.val.batch([0, 1]).x
+    meta = deployment_metadata(model_name, data)
+    paths = {"fp32": ctx.run.path(OUTPUTS["fp32"]), "int8": ctx.run.path(OUTPUTS["int8"])}
+    source_sha = ctx.input_sha256(ctx.cfg.qat.source, "model")
+    export_onnx(float_model, example, paths["fp32"], e.opset,
+                {**meta, "precision": "fp32", "source_sha256": source_sha})
+    stop_if_asked("after writing model.fp32.onnx")
+    export_onnx(int8_model, example, paths["int8"], e.opset,
+                {**meta, "precision": "int8", "source_sha256": ctx.input_sha256("qat", "model"), "qconfig": qconfig,
+                 "quantization": "quantization-aware training (FX), converted to QDQ"})
+    stop_if_asked("after writing model.int8.onnx")
+    if e.ptq:
+        paths["ptq"] = ctx.run.path(OUTPUTS["ptq"])
+        order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(ctx.cfg.seed)).tolist()
+        calibration = data.train.batch(order[:e.ptq_calibration]).x.numpy()  # un-augmented training images
+        how = (f"onnxruntime static post-training quantization (QDQ, MinMax over {len(calibration)} training images, "
+               f"{'per-channel' if qconfig['per_channel'] else 'per-tensor'} int8 weights, uint8 activations)")
+        quantize_ptq(float_model, example, calibration, paths["ptq"], e.opset, qconfig["per_channel"],
+                     qconfig.get("float_layers", []), {**meta, "precision": "int8", "source_sha256": source_sha,
+                                                       "quantization": how})
+        stop_if_asked("after writing model.ptq.onnx")
+    return paths
+
+
+def _parity(float_model, int8_model, paths, loader):
+    """fp32 and QAT int8 files against their PyTorch models on the validation set, the int8 kernels onnxruntime
+    runs, and the PTQ file's accuracy (it has no PyTorch counterpart)."""
+    out = {"fp32": compare(float_model, OnnxModel(paths["fp32"]), loader)}
+    # Two int8 implementations round differently, and the differences add up through a deep network: a pick
+    # within two steps of the int8 logits' resolution from torch's best is a tie, not a disagreement
+    step = output_step(paths["int8"])
+    out["int8"] = compare(int8_model, OnnxModel(paths["int8"]), loader, tie=None if step is None else 2 * step)
+    ops = optimized_op_types(paths["int8"])
+    out["int8_kernels"] = {op: n for op, n in ops.items() if op in INT8_KERNELS}
+    out["int8_optimized_ops"] = ops
+    if "ptq" in paths:
+        out["ptq"] = {"onnx_acc": onnx_accuracy(OnnxModel(paths["ptq"]), loader),
+                      "int8_kernels": {op: n for op, n in optimized_op_types(paths["ptq"]).items()
+                                       if op in INT8_KERNELS}}
+    return out
 
 
 def deployment_metadata(model_name, data):
@@ -138,8 +180,9 @@ def _rebuild_int8(ctx, model_name, data):
     return model, q
 
 
-def _teacher_reference(ctx, data, example, e):
-    """The teacher's onnxruntime latency and ONNX size, for comparison in the report (file not kept)."""
+def _teacher_reference(ctx, data, e, runtime):
+    """The teacher's latency (in the deciding runtime) and ONNX size, for comparison in the report (the file
+    is not kept)."""
     path = ctx.input_path("teacher", "model")
     if path is None:
         return None
@@ -152,49 +195,71 @@ def _teacher_reference(ctx, data, example, e):
         return None
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "teacher.onnx")
-        export_onnx(model, example, path, e.opset, {})
+        export_onnx(model, data.val.batch([0, 1]).x, path, e.opset, {})
         rows = latency_table(path, e.latency_batch_sizes, repeats=min(e.latency_repeats, 10),
-                                    warmup=min(e.latency_warmup, 2), stop=stop_if_asked)
+                             warmup=min(e.latency_warmup, 2), stop=stop_if_asked, runtime=runtime)
         return rows, os.path.getsize(path)
 
 
 def summary_metrics(report):
     lat = {k: {f"b{r['batch']}_t{r['threads']}": r["ms"] for r in rows} for k, rows in report["latency_ms"].items()}
-    return {"params": report["params"], "fp32_onnx_acc": report["fp32"]["onnx_acc"],
-            "int8_onnx_acc": report["int8"]["onnx_acc"],
-            "fp32_bytes": report["size_bytes"]["fp32"], "int8_bytes": report["size_bytes"]["int8"],
-            "size_ratio": report["size_ratio_int8_fp32"], "fp32_max_abs_diff": report["fp32"]["max_abs_diff"],
-            "fp32_top1_agreement": report["fp32"]["top1_agreement"],
-            "int8_top1_agreement": report["int8"]["top1_agreement"],
-            "int8_top1_within_tie": report["int8"]["top1_within_tie"], "latency_ms": lat,
-            "int8_speedup": report["speed"]["speedup"], "float_layers": report["float_layers"]}
+    v = report["verdict"]
+    out = {"params": report["params"], "fp32_onnx_acc": report["fp32"]["onnx_acc"],
+           "int8_onnx_acc": report["int8"]["onnx_acc"],
+           "fp32_bytes": report["size_bytes"]["fp32"], "int8_bytes": report["size_bytes"]["int8"],
+           "size_ratio": report["size_ratio_int8_fp32"], "fp32_max_abs_diff": report["fp32"]["max_abs_diff"],
+           "fp32_top1_agreement": report["fp32"]["top1_agreement"],
+           "int8_top1_agreement": report["int8"]["top1_agreement"],
+           "int8_top1_within_tie": report["int8"]["top1_within_tie"], "latency_ms": lat,
+           "int8_speedup": report["speed"]["speedup"], "speed_runtime": report["speed"]["runtime"],
+           "runtimes": list(report["runtimes"]), "float_layers": report["float_layers"], "deploy": v["file"],
+           "deploy_why": v["why"]}
+    if "ptq" in report:
+        out.update(ptq_onnx_acc=report["ptq"]["onnx_acc"], ptq_bytes=report["size_bytes"]["ptq"],
+                   qat_minus_ptq_points=round(report["int8"]["onnx_acc"] - report["ptq"]["onnx_acc"], 4))
+    return out
 
 
 def _summary(report):
-    s = report["speed"]
+    s, v = report["speed"], report["verdict"]
     return (f"fp32 ONNX {report['fp32']['onnx_acc']:.2f}% {report['size_bytes']['fp32'] / 1e3:.0f} KB, "
-            f"int8 ONNX {report['int8']['onnx_acc']:.2f}% {report['size_bytes']['int8'] / 1e3:.0f} KB, "
-            f"batch {s['batch']}, {s['threads']} threads: int8 {s['int8_ms']:.2f} ms vs fp32 {s['fp32_ms']:.2f} ms "
-            f"({speedup_text(s['speedup'])})")
+            f"int8 ONNX {report['int8']['onnx_acc']:.2f}% {report['size_bytes']['int8'] / 1e3:.0f} KB"
+            + (f", PTQ int8 {report['ptq']['onnx_acc']:.2f}%" if "ptq" in report else "")
+            + f"; {s['runtime']}, batch {s['batch']}, {s['threads']} threads: int8 {s['int8_ms']:.2f} ms vs fp32 "
+            f"{s['fp32_ms']:.2f} ms ({speedup_text(s['speedup'])}) - deploy {v['file']}")
+
+
+ROW_NAMES = {"fp32": "fp32 ONNX", "int8": "int8 ONNX", "ptq": "int8 ONNX, post-training quantized, no QAT"}
 
 
 def report_rows(entry, path):
-    """The two ONNX rows, and the teacher's latency (measured here) for the teacher's row."""
-    from compress.fileio import read_json
-
+    """The ONNX rows (fp32, QAT int8, PTQ int8), and the teacher's latency (measured here) for its row."""
     export = read_json(path("report"), "export report")
-    params = entry["metrics"].get("params")
+    params, runtime = entry["metrics"].get("params"), export["speed"]["runtime"]
     rows = []
-    for kind in ("fp32", "int8"):
+    for kind in ("fp32", "int8", "ptq"):
+        if kind not in export["latency_ms"]:
+            continue
         b1, b64 = _latency_pair(export["latency_ms"][kind])
-        rows.append({"id": f"{kind}_onnx", "artifact": f"{kind} ONNX (onnxruntime)", "file": OUTPUTS[kind],
-                     "params": params, "size_bytes": export["size_bytes"][kind], "val_acc": export[kind]["onnx_acc"],
-                     "latency_b1_ms": b1, "latency_b64_ms": b64})
+        rows.append({"id": f"{kind}_onnx", "artifact": f"{ROW_NAMES[kind]} ({runtime})",
+                     "file": OUTPUTS[kind], "params": params, "size_bytes": export["size_bytes"][kind],
+                     "val_acc": export[kind]["onnx_acc"], "latency_b1_ms": b1, "latency_b64_ms": b64})
     if "teacher" in export["latency_ms"]:
         b1, b64 = _latency_pair(export["latency_ms"]["teacher"])
         rows.append({"id": "teacher", "latency_b1_ms": b1, "latency_b64_ms": b64,
                      "measured_from": export["teacher_file"]})
     return rows
+
+
+def report_notes(entry):
+    """The verdict, what QAT bought over post-training quantization, and int8 vs fp32 in every runtime."""
+    m = entry["metrics"]
+    notes = [f"Deploy {m['deploy']}: {m['deploy_why']}."]
+    if "ptq_onnx_acc" in m:
+        notes.append(f"QAT against post-training quantization of the same float student (onnxruntime static PTQ, "
+                     f"model.ptq.onnx): {m['int8_onnx_acc']:.2f}% vs {m['ptq_onnx_acc']:.2f}% "
+                     f"({m['qat_minus_ptq_points']:+.2f} points from the qat stage).")
+    return notes
 
 
 def _latency_pair(cells):

@@ -130,10 +130,11 @@ def choose_float_layers(ctx, float_model, data):
         return [], {"mode": "all int8 (timing failed)"}
     finally:
         timer.close()
-    figures = {"mode": "latency-aware (batch %d, %d threads)" % (batch, os.cpu_count() or 1), **figures}
+    figures = {"mode": "latency-aware (batch %d, %d threads)" % (batch, os.cpu_count() or 1), "runtime": "onnxruntime",
+               **figures}
     tried = "; ".join(f"{t['float']} float {t['with_float_ms']:.2f} ms vs int8 {t['int8_ms']:.2f} ms"
                       for t in figures["tried"])
-    log.info("qat: with every layer int8 the student is %s; kept float: %s (%s)",
+    log.info("qat: with every layer int8 the student is %s in onnxruntime; kept float: %s (%s)",
              _ratio(figures["fp32_ms"], figures["all_int8_ms"]), ", ".join(layers) or "none", tried)
     return layers, figures
 

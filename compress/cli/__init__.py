@@ -3,14 +3,14 @@
 `COMMANDS` maps every command name to its function (a test checks it matches the CLI)."""
 
 from compress.cli.base import cli, setup_logging
-from compress.cli.deploy_cmds import bench, predict
+from compress.cli.deploy_cmds import bench, eval_cmd, predict
 from compress.cli.inspect_cmds import report, show
 from compress.cli.pipeline_cmds import config_cmd, models_cmd, run, stages_cmd
 
 __all__ = ["COMMANDS", "cli", "main", "setup_logging"]
 
 COMMANDS = {"run": run, "stages": stages_cmd, "config": config_cmd, "models": models_cmd, "predict": predict,
-            "bench": bench, "show": show, "report": report}
+            "eval": eval_cmd, "bench": bench, "show": show, "report": report}
 
 
 def main(argv=None):

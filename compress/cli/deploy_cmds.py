@@ -1,8 +1,11 @@
-"""`compress predict` and `compress bench`: the deployment side, onnxruntime only."""
+"""`compress predict`, `compress eval` and `compress bench`: the deployment side, onnxruntime (or OpenVINO) only."""
+
+import os
 
 import click
 
 from compress.cli.base import cli, debug_option
+from compress.errors import EXIT_BAD_INPUT
 
 
 def _int_list(value, name, most):
@@ -16,34 +19,116 @@ def _int_list(value, name, most):
     return items
 
 
+def _model(path):
+    """The OnnxModel for an .onnx file or a run directory (its export verdict's file), and says which."""
+    from compress.deploy.evaluate import deployed_file
+    from compress.deploy.onnx_model import OnnxModel
+
+    file, note = deployed_file(path)
+    if note:
+        click.echo(f"using {note}", err=True)
+    return OnnxModel(file)
+
+
 @cli.command()
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.argument("images", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("model", type=click.Path())
+@click.argument("images", nargs=-1, required=True)
 @click.option("--top-k", type=click.IntRange(1, 1000), default=3, show_default=True, help="Classes to show per image.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @debug_option
 def predict(model, images, top_k, as_json):
-    """Classify image files with an exported ONNX model (onnxruntime + numpy + Pillow only).
+    """Classify images with an exported model (onnxruntime + numpy + Pillow only).
 
-    Preprocessing (size, channels, mean/std) and class names are read from the model file.
+    MODEL is an .onnx file, or a run directory: then the file its export stage recommends (int8, or fp32 when
+    int8 is not faster). IMAGES are files, folders (every image below them) or glob patterns. Preprocessing and
+    class names are read from the model file. A file that cannot be read is skipped with one line, and the
+    command exits 2 at the end.
 
     \b
-    Example:
-      compress predict artifacts/default/export/model.int8.onnx digit1.png digit2.png
+    Examples:
+      compress predict artifacts/default digit1.png digit2.png
+      compress predict artifacts/default/export/model.int8.onnx photos/ 'more/*.jpg' --top-k 1
     """
-    from compress.deploy.onnx_model import OnnxModel
+    import json
 
-    if len(images) > 100_000:
-        raise click.BadParameter("at most 100,000 images per call", param_hint="IMAGES")
-    results = OnnxModel(model).predict(list(images), top_k=top_k)
+    from compress.deploy.evaluate import image_paths, predict_files
+
+    paths = image_paths(images)
+    if len(paths) > 1_000_000:
+        raise click.BadParameter("at most 1,000,000 images per call", param_hint="IMAGES")
+    onnx_model = _model(model)
+    results, skipped = [], 0
+    for path, top, error in predict_files(onnx_model, paths, top_k):
+        if error:
+            skipped += 1
+            click.echo(f"skipped: {error}", err=True)
+            continue
+        if as_json:
+            results.append({"image": path, "top": [{"class": c, "probability": round(p, 6)} for c, p in top]})
+        else:
+            click.echo(f"{path}: " + ", ".join(f"{c} ({p:.1%})" for c, p in top))
     if as_json:
-        import json
+        click.echo(json.dumps(results, indent=2))
+    if skipped:
+        click.echo(f"error: {skipped} of {len(paths)} image(s) could not be read (listed above)", err=True)
+        click.get_current_context().exit(EXIT_BAD_INPUT)
 
-        click.echo(json.dumps([{"image": path, "top": [{"class": c, "probability": round(p, 6)} for c, p in top]}
-                               for path, top in results], indent=2))
-        return
-    for path, top in results:
-        click.echo(f"{path}: " + ", ".join(f"{c} ({p:.1%})" for c, p in top))
+
+@cli.command("eval")
+@click.argument("model", type=click.Path())
+@click.argument("folder", type=click.Path())
+@click.option("--png", type=click.Path(dir_okay=False), help="Also draw the confusion matrix into this PNG file.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@debug_option
+def eval_cmd(model, folder, png, as_json):
+    """Measure an exported model's accuracy on a labelled image-folder tree.
+
+    MODEL is an .onnx file or a run directory (its recommended file). FOLDER holds one folder per class
+    (<class>/<image>), named like the model's classes; a folder with train/ and val/ (or test/) is evaluated
+    on val/. Prints top-1 and top-5 accuracy, accuracy per class and the confusion matrix (rows: true class,
+    columns: predicted), with the file's own preprocessing.
+
+    \b
+    Examples:
+      compress eval artifacts/cifar10 ~/data/cifar10/val
+      compress eval artifacts/cifar10/export/model.int8.onnx ~/data/cifar10 --png confusion.png
+    """
+    import json
+
+    from compress.deploy.evaluate import confusion_png, evaluate_tree, labelled_tree
+
+    onnx_model = _model(model)
+    names = onnx_model.class_names()
+    root, samples = labelled_tree(folder, list(onnx_model.meta["class_names"]))
+    result = evaluate_tree(onnx_model, samples)
+    for path, error in result["skipped"]:
+        click.echo(f"skipped: {error}", err=True)
+    if png:
+        confusion_png(result, names, png)
+    if as_json:
+        click.echo(json.dumps({**result, "folder": root, "model": onnx_model.path}, indent=2))
+    else:
+        _print_eval(result, names, root, onnx_model.path, png)
+    if result["skipped"]:
+        click.echo(f"error: {len(result['skipped'])} image(s) could not be read (listed above)", err=True)
+        click.get_current_context().exit(EXIT_BAD_INPUT)
+
+
+def _print_eval(result, names, root, model_path, png):
+    click.echo(f"{model_path} on {root}: {result['images']:,} images")
+    click.echo(f"top-1 {result['top1']:.2f}%   top-5 {result['top5']:.2f}%")
+    width = max(len(n) for n in names)
+    click.echo("\nper class:")
+    for name, (acc, count) in result["per_class"].items():
+        if count:
+            click.echo(f"  {name:{width}}  {acc:6.2f}%  of {count:,}")
+    cols = [n[:5] for n in names]
+    click.echo("\nconfusion (rows: true class, columns: predicted)")
+    click.echo(" " * (width + 2) + " ".join(f"{c:>5}" for c in cols))
+    for name, row in zip(names, result["confusion"]):
+        click.echo(f"  {name:{width}}" + " ".join(f"{v:>5}" for v in row))
+    if png:
+        click.echo(f"\nconfusion matrix drawn in {png}")
 
 
 @cli.command()
@@ -53,54 +138,57 @@ def predict(model, images, top_k, as_json):
 @click.option("--repeats", type=click.IntRange(1, 100_000), default=30, show_default=True,
               help="Timed runs per cell (one model); with two models, interleaved rounds per cell.")
 @click.option("--warmup", type=click.IntRange(0, 10_000), default=5, show_default=True, help="Untimed runs first.")
+@click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
+              help="Runtime to time in (openvino needs its package: pip install openvino).")
 @debug_option
-def bench(models, batch, threads, repeats, warmup):
-    """Time ONNX models with onnxruntime: latency per batch size and thread count.
+def bench(models, batch, threads, repeats, warmup, runtime):
+    """Time ONNX models: latency per batch size and thread count, in onnxruntime or OpenVINO.
 
     Given one file: its median latency per cell. Given two (e.g. fp32 and int8), both are timed side by side,
-    interleaved in rounds so a busy machine slows them alike, and the table shows each one's best time, the
-    ratio, and which is faster.
+    interleaved in rounds so a busy machine slows them alike, and the table shows each one's median time over
+    the rounds, the ratio, and which is faster.
 
     \b
     Examples:
       compress bench artifacts/default/export/model.int8.onnx --batch 1,64 --threads 1,2
       compress bench artifacts/default/export/model.fp32.onnx artifacts/default/export/model.int8.onnx
+      compress bench artifacts/default/export/model.int8.onnx --runtime openvino
     """
     from compress.deploy.latency import latency_table
-    from compress.deploy.onnx_model import OnnxModel
+    from compress.deploy.runtimes import session
 
     if len(models) > 2:
         raise click.BadParameter("give one ONNX file, or two to compare", param_hint="MODELS")
     for path in models:
-        OnnxModel(path, require_metadata=False)  # a clear error for a missing or non-ONNX file
+        session(runtime, path, 1)  # a clear error for a missing or non-ONNX file, or a missing runtime
     batches = _int_list(batch, "--batch", 4096)
     thread_list = _int_list(threads, "--threads", 1024) if threads else None
     if len(models) == 2:
-        _compare(models, batches, thread_list, max(3, min(repeats, 50) // 5), warmup)
+        _compare(models, batches, thread_list, max(3, min(repeats, 50) // 5), warmup, runtime)
         return
-    rows = latency_table(models[0], batches, thread_list, repeats, warmup)
-    click.echo(f"{models[0]} (onnxruntime, CPU, median of {repeats})")
+    rows = latency_table(models[0], batches, thread_list, repeats, warmup, runtime=runtime)
+    click.echo(f"{models[0]} ({runtime}, CPU, median of {repeats})")
     click.echo(f"{'batch':>6} {'threads':>8} {'ms':>10} {'images/s':>12}")
     for r in rows:
         click.echo(f"{r['batch']:>6} {r['threads']:>8} {r['ms']:>10.3f} {r['images_per_s']:>12,.0f}")
 
 
-def _compare(paths, batches, threads, rounds, warmup):
-    import os
-
+def _compare(paths, batches, threads, rounds, warmup, runtime):
     import numpy as np
 
     from compress.deploy.latency import compare_latency, speedup_text
     from compress.deploy.onnx_model import OnnxModel
+    from compress.deploy.runtimes import session
 
     a, b = (os.path.basename(p) for p in paths)
-    click.echo(f"A = {paths[0]}\nB = {paths[1]}\n(onnxruntime, CPU, best of {rounds} interleaved rounds)")
+    shape = OnnxModel(paths[0], require_metadata=False).input_shape
+    click.echo(f"A = {paths[0]}\nB = {paths[1]}\n({runtime}, CPU, median of {rounds} interleaved rounds)")
     click.echo(f"{'batch':>6} {'threads':>8} {'A ms':>10} {'B ms':>10}  B vs A")
     for t in threads or (1, os.cpu_count() or 1):
-        sessions = {name: OnnxModel(p, threads=t, require_metadata=False) for name, p in zip("AB", paths)}
+        sessions = {name: session(runtime, p, t) for name, p in zip("AB", paths)}
         for n in batches:
-            x = np.random.default_rng(0).standard_normal((n, *sessions["A"].input_shape), dtype=np.float32)
+            x = np.random.default_rng(0).standard_normal((n, *shape), dtype=np.float32)
             times = compare_latency(sessions, x, rounds=rounds, warmup=warmup)
-            ratio = times["A"]["min_ms"] / times["B"]["min_ms"]
-            click.echo(f"{n:>6} {t:>8} {times['A']['min_ms']:>10.3f} {times['B']['min_ms']:>10.3f}  "
+            ratio = times["A"]["median_ms"] / times["B"]["median_ms"]
+            click.echo(f"{n:>6} {t:>8} {times['A']['median_ms']:>10.3f} {times['B']['median_ms']:>10.3f}  "
                        f"{b} is {speedup_text(ratio)} than {a}")

@@ -5,21 +5,38 @@ import os
 import statistics
 import time
 
+import numpy as np
+
 from compress.deploy.onnx_model import OnnxModel
+from compress.deploy.runtimes import session
 
 
-def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None):
-    """[{batch, threads, ms, images_per_s}] for each batch size x thread count; `stop()` is called between
-    cells (it raises to abandon the measurement)."""
+def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime="onnxruntime"):
+    """[{batch, threads, ms, images_per_s}] for each batch size x thread count in `runtime`; `stop()` is called
+    between cells (it raises to abandon the measurement)."""
     rows = []
+    shape = OnnxModel(path, require_metadata=False).input_shape
     for t in threads or (1, os.cpu_count() or 1):
-        model = OnnxModel(path, threads=t, require_metadata=False)
+        model = session(runtime, path, t)
         for b in batch_sizes:
             if stop:
                 stop()
-            ms = model.latency(b, repeats, warmup)
+            ms = median_ms(model, np.random.default_rng(0).standard_normal((b, *shape), dtype=np.float32), repeats,
+                           warmup)
             rows.append({"batch": b, "threads": t, "ms": round(ms, 4), "images_per_s": round(b * 1000.0 / ms, 1)})
     return rows
+
+
+def median_ms(model, x, repeats=30, warmup=5):
+    """Median milliseconds of `model(x)` over `repeats` timed calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        model(x)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model(x)
+        times.append((time.perf_counter() - start) * 1000.0)
+    return statistics.median(times)
 
 
 def compare_latency(models, x, rounds=5, budget_s=0.25, warmup=2, stop=None):

@@ -2,13 +2,12 @@
 
 Everything needed to use the model travels inside the file as metadata (`compress.*` keys): class names,
 input shape, channel order, normalisation mean/std. `OnnxModel` reads them, `preprocess` turns image files
-into the exact tensors the model was trained on, `predict` gives top-k classes, `latency` times it.
+into the exact tensors the model was trained on; compress.deploy.evaluate predicts and measures accuracy with
+it, compress.deploy.latency times it.
 """
 
 import json
 import os
-import statistics
-import time
 
 import numpy as np
 
@@ -125,34 +124,9 @@ class OnnxModel:
                for path in image_paths]
         return np.stack(out).astype(np.float32)
 
-    def predict(self, image_paths, top_k=3, chunk=64):
-        """[(path, [(class_name, probability), ...]), ...] for image files (read `chunk` at a time)."""
-        probs = np.concatenate([_softmax(self(self.preprocess(image_paths[i:i + chunk])))
-                                for i in range(0, len(image_paths), chunk)])
-        names = [printable(n) for n in self.meta["class_names"]]
-        results = []
-        for path, p in zip(image_paths, probs):
-            order = np.argsort(-p)[:top_k]
-            results.append((path, [(names[i], float(p[i])) for i in order]))
-        return results
-
-    def latency(self, batch_size, repeats=30, warmup=5, seed=0):
-        """Median milliseconds per call for a batch (random normal inputs; the values do not matter)."""
-        x = np.random.default_rng(seed).standard_normal((batch_size, *self.input_shape), dtype=np.float32)
-        for _ in range(warmup):
-            self(x)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            self(x)
-            times.append((time.perf_counter() - start) * 1000.0)
-        return statistics.median(times)
-
-
-def _softmax(logits):
-    z = logits - logits.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+    def class_names(self):
+        """The class names, printable (control characters escaped, length capped)."""
+        return [printable(n) for n in self.meta["class_names"]]
 
 
 def optimized_op_types(path):

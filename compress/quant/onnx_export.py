@@ -29,23 +29,16 @@ def _quiet_legacy_exporter():
 EXPORTER_MAX_OPSET = 20  # the TorchScript exporter's newest; newer opsets come from onnx's version converter
 
 
-def export_onnx(model, example, path, opset, metadata):
+def export_onnx(model, example, path, opset, metadata, proto=None):
     """Write `model` (eval, CPU) to `path` as one self-contained ONNX file with a dynamic batch axis and
-    `compress.*` metadata; onnx.checker (full check) must pass. Returns the ModelProto."""
+    `compress.*` metadata; onnx.checker (full check) must pass. Returns the ModelProto. Given `proto` (an
+    already exported and tidied graph, e.g. onnxruntime's PTQ output), only the last steps run: the opset,
+    the metadata, the check and the atomic write."""
     import onnx
 
-    buffer = io.BytesIO()
-    try:
-        with _quiet_legacy_exporter(), torch.no_grad():
-            torch.onnx.export(model.eval(), (example,), buffer, dynamo=False,
-                              opset_version=min(opset, EXPORTER_MAX_OPSET),
-                              input_names=["input"], output_names=["logits"],
-                              dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
-    except Exception as e:  # the exporter raises many types for unsupported operators
-        first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-        raise StageFailed(f"export: torch.onnx.export failed for {path} ({first[:200]})") from None
-    proto = tidy(onnx.load_from_string(buffer.getvalue()))
-    if opset > EXPORTER_MAX_OPSET:
+    if proto is None:
+        proto = tidy(_trace(model, example, path, opset))
+    if proto.opset_import[0].version < opset:
         from onnx import version_converter
 
         proto = version_converter.convert_version(proto, opset)
@@ -61,7 +54,24 @@ def export_onnx(model, example, path, opset, metadata):
     return proto
 
 
-def tidy(proto):
+def _trace(model, example, path, opset):  # noqa: D401 - used by compress.quant.ptq too
+    """The TorchScript exporter's graph of `model` (the one exporter that handles convert_fx int8 models)."""
+    import onnx
+
+    buffer = io.BytesIO()
+    try:
+        with _quiet_legacy_exporter(), torch.no_grad():
+            torch.onnx.export(model.eval(), (example,), buffer, dynamo=False,
+                              opset_version=min(opset, EXPORTER_MAX_OPSET),
+                              input_names=["input"], output_names=["logits"],
+                              dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+    except Exception as e:  # the exporter raises many types for unsupported operators
+        first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        raise StageFailed(f"export: torch.onnx.export failed for {path} ({first[:200]})") from None
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def tidy(proto, keep_node_names=False):
     """Fold what the TorchScript exporter leaves as computations on constants into initializers (Constant,
     Identity or Cast of a constant, ConstantOfShape of a constant shape), clean the QDQ pattern
     (`compress.qdq`) and give internal tensors short names. The graph computes exactly the same thing (the
@@ -84,7 +94,8 @@ def tidy(proto):
     for node in kept:
         node.input[:] = [names.get(n, n) for n in node.input]
         node.output[:] = [names.get(n, n) for n in node.output]
-        node.name = ""
+        if not keep_node_names:
+            node.name = ""
     del graph.node[:]
     graph.node.extend(kept)
     del graph.initializer[:]

@@ -8,7 +8,17 @@ import numpy as np
 import torch
 
 from compress.deploy.latency import compare_latency, speedup_text
-from compress.deploy.onnx_model import OnnxModel, read_onnx
+from compress.deploy.onnx_model import read_onnx
+from compress.deploy.runtimes import session
+
+
+def onnx_accuracy(onnx_model, loader):
+    """Top-1 accuracy (%) of an ONNX file on a labelled loader (a file with no PyTorch counterpart: PTQ)."""
+    correct = count = 0
+    for x, y, *_ in loader:
+        correct += int((onnx_model(x.numpy()).argmax(1) == y.numpy()).sum())
+        count += len(y)
+    return 100.0 * correct / max(count, 1)
 
 
 @torch.no_grad()
@@ -63,27 +73,36 @@ def checks(report, e):
         "int8_kernels": {"ok": bool(report["int8_kernels"]),
                          "detail": "onnxruntime runs " + (", ".join(report["int8_kernels"]) or
                                                           "no int8 kernels after optimisation")},
-        "int8_speed": _speed_check(report["speed"], e),
     }
 
 
-def _speed_check(speed, e):
-    ratio = speed["speedup"]
-    detail = (f"int8 {speed['int8_ms']:.2f} ms vs fp32 {speed['fp32_ms']:.2f} ms at batch {speed['batch']}, "
-              f"{speed['threads']} threads: {speedup_text(ratio)} (needed {e.min_int8_speedup:g}x)")
-    if ratio < e.min_int8_speedup:
-        detail += ("; keep more layers in float (qat.float_layers), choose a student with more channels per layer, "
-                   "or accept it with export.min_int8_speedup=0")
-    return {"ok": ratio >= e.min_int8_speedup, "detail": detail}
+def verdict(speed, sizes, accuracy, float_layers, e):
+    """Which file to deploy and why, in one sentence with the figures: int8 when it is at least
+    export.min_int8_speedup times faster than fp32 in the deciding runtime, else fp32 (with what int8 still
+    offers: its size). `speed` is speed_gate's result, `sizes` and `accuracy` map "fp32"/"int8" to bytes and %."""
+    ratio, rt = speed["speedup"], speed["runtime"]
+    timing = (f"batch {speed['batch']}, {speed['threads']} threads in {rt}: int8 {speed['int8_ms']:.2f} ms vs fp32 "
+              f"{speed['fp32_ms']:.2f} ms")
+    smaller = sizes["fp32"] / sizes["int8"]
+    accuracies = f"validation accuracy int8 {accuracy['int8']:.2f}% vs fp32 {accuracy['fp32']:.2f}%"
+    if ratio >= e.min_int8_speedup:
+        why = (f"int8 is {speedup_text(ratio)} than fp32 ({timing}) and {smaller:.1f}x smaller; {accuracies}")
+        return {"deploy": "int8", "file": "model.int8.onnx", "runtime": rt, "int8_faster": True, "why": why}
+    kept = f" even with {', '.join(float_layers)} kept in float" if float_layers else ""
+    why = (f"int8 is {speedup_text(ratio)} than fp32{kept} ({timing}; needed {e.min_int8_speedup:g}x), so the fp32 "
+           f"file is the faster one to deploy; the int8 file is still {smaller:.1f}x smaller, if size matters more "
+           f"than speed; {accuracies}. To make int8 pay: keep more layers in float (qat.float_layers), or choose a "
+           "student with more channels per layer")
+    return {"deploy": "fp32", "file": "model.fp32.onnx", "runtime": rt, "int8_faster": False, "why": why}
 
 
-def speed_gate(paths, images, e, stop=None):
+def speed_gate(paths, images, e, stop=None, runtime="onnxruntime"):
     """int8 vs fp32 at the largest latency batch on all cores, on real validation images, interleaved in
-    rounds; the ratio of the two minima (the estimate least disturbed by other processes). A ratio below
-    export.min_int8_speedup is measured once more, longer, before it can fail the stage."""
+    rounds, in `runtime`; the ratio of the two minima (the estimate least disturbed by other processes). A
+    ratio below export.min_int8_speedup is measured once more, longer, before it decides the verdict."""
     batch, threads = len(images), os.cpu_count() or 1
     x = images.numpy()
-    models = {k: OnnxModel(p, threads=threads, require_metadata=False) for k, p in paths.items()}
+    models = {k: session(runtime, paths[k], threads) for k in ("fp32", "int8")}
     attempts = []
     for rounds in (5, 11):
         times = compare_latency(models, x, rounds=rounds, stop=stop)
@@ -95,5 +114,6 @@ def speed_gate(paths, images, e, stop=None):
             break
     best = max(attempts, key=lambda a: a["fp32_ms"] / a["int8_ms"])
     speedup = best["fp32_ms"] / best["int8_ms"]
-    return {"batch": batch, "threads": threads, "speedup": round(speedup, 4), "min_speedup": e.min_int8_speedup,
+    return {"runtime": runtime, "batch": batch, "threads": threads, "speedup": round(speedup, 4),
+            "min_speedup": e.min_int8_speedup,
             "fp32_ms": best["fp32_ms"], "int8_ms": best["int8_ms"], "attempts": attempts}

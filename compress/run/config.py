@@ -366,15 +366,28 @@ class ExportConfig:
     latency_batch_sizes: tuple[int, ...] = _f((1, 64), "batch sizes for the latency table")
     latency_repeats: int = _f(30, "timed runs per latency cell (median reported)")
     latency_warmup: int = _f(5, "untimed runs before timing")
-    min_int8_speedup: float = _f(1.0, "fail the stage when the int8 ONNX is not at least this much faster than fp32 "
-                                      "(largest latency batch, all cores, interleaved rounds on validation images); "
-                                      "0 turns the gate off")
+    runtimes: Optional[tuple[Literal["onnxruntime", "openvino"], ...]] = _f(
+        None, "runtimes the files are timed in: null = onnxruntime, plus OpenVINO when it is installed "
+              "(pip install -e \".[openvino]\"); the first one decides which file to deploy")
+    min_int8_speedup: float = _f(1.0, "the int8 file is the one to deploy when it is at least this much faster than "
+                                      "fp32 in the first runtime (largest latency batch, all cores, interleaved rounds "
+                                      "on validation images); else the fp32 file is, and the report says why")
+    require_faster_int8: bool = _f(False, "fail the stage (exit 1, every file kept) instead of recommending the fp32 "
+                                          "file when int8 is not min_int8_speedup times faster")
+    ptq: bool = _f(True, "also quantize the float model with onnxruntime's post-training static quantization "
+                         "(model.ptq.onnx: the shortcut a user could take instead of QAT) and measure it beside "
+                         "the QAT file")
+    ptq_calibration: int = _f(512, "training images that calibrate the post-training quantization")
 
     def __post_init__(self):
         problems_if([
             (not 13 <= self.opset <= 21, f"opset: must be between 13 and 21, got {self.opset}"),
             (not 0 <= self.min_int8_speedup <= 100,
              f"min_int8_speedup: must be between 0 and 100, got {self.min_int8_speedup}"),
+            (outside(self.ptq_calibration, 1, 1_000_000),
+             f"ptq_calibration: must be >= 1, got {self.ptq_calibration}"),
+            (self.runtimes is not None and (not self.runtimes or len(set(self.runtimes)) != len(self.runtimes)),
+             "runtimes: give each runtime once, or null for the default"),
             (not 0 < self.fp32_max_abs_diff <= 1e6,
              f"fp32_max_abs_diff: must be in (0, 1e6], got {self.fp32_max_abs_diff}"),
             (not 0 <= self.fp32_min_agreement <= 1,

@@ -7,6 +7,7 @@ and writing metrics to `<stage>[/<part>]/metrics.json` - and `load_model` reads 
 checked against the sha256 the manifest recorded for them.
 """
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -104,9 +105,12 @@ class StageContext:
                     "rng": {"reseeded_from": [self.cfg.seed, self.stage, epoch, step]}, "extra": extra or {}})
             dist.barrier(env)
 
+        board = _Board(self.part_path(part, "tensorboard"), epochs) if env.is_main else None
+
         def log_epoch(history):
             if env.is_main:
                 atomic_write_json(self.part_path(part, "metrics.json"), {"stage": name, "epochs": history})
+                board.write(history[-1])
 
         return Session(env, name, precision, (self.cfg.seed, self.stage), resume, save,
                        self.cfg.train.checkpoint_every, log_epoch, self.cfg.train.progress)
@@ -122,3 +126,27 @@ class StageContext:
         # the epoch's running sums are global, counted on rank 0; they count only if we resume at their step
         running = state.get("running") if self.env.is_main and same_step else None
         return ResumePoint(point.epoch, point.step, state["history"], running)
+
+
+class _Board:
+    """Per-epoch scalars (loss terms, accuracy, learning rate, images/s) in `folder` for TensorBoard, when it is
+    installed (an optional extra); nothing otherwise. One event file per process, flushed every epoch."""
+
+    def __init__(self, folder, epochs):
+        self.folder, self.epochs, self.writer = folder, epochs, None
+        self.enabled = importlib.util.find_spec("tensorboard") is not None
+
+    def write(self, metrics):
+        if not self.enabled:
+            return
+        if self.writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=self.folder)
+        for key, value in metrics.items():
+            if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, metrics["epoch"])
+        self.writer.flush()
+        if metrics["epoch"] >= self.epochs:
+            self.writer.close()
+            self.writer = None

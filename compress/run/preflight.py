@@ -31,6 +31,13 @@ def problems(cfg, stage_names, world_size):
         path = getattr(cfg.model, key)
         if path and not os.path.isfile(os.path.expanduser(path)):
             found.append(f"model.{key}: file '{path}' not found")
+    if "export" in stage_names:
+        from compress.deploy.runtimes import installed
+
+        for runtime in cfg.export.runtimes or ():
+            if not installed(runtime):
+                found.append(f"export.runtimes: {runtime} is not installed; pip install {runtime} (or pip install -e "
+                             f"\".[{runtime}]\"), or leave it out of export.runtimes")
     for stage in stage_names:
         if stage in TRAINING_STAGES and not (stage == "teacher" and cfg.teacher.epochs == 0):
             batch = getattr(cfg, stage).batch_size

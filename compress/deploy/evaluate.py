@@ -1,0 +1,154 @@
+"""What a user does first with the file they will deploy: classify a folder of images, and measure accuracy on a
+labelled image-folder tree (top-1, top-5, per class, confusion matrix) - with the file's own preprocessing,
+numpy and onnxruntime only."""
+
+import glob
+import os
+
+import numpy as np
+
+from compress.errors import InputError
+from compress.fileio import read_json
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def deployed_file(path):
+    """(ONNX file, note): `path` itself, or for a run directory the file its export stage recommends."""
+    if not os.path.isdir(path):
+        return path, ""
+    report = os.path.join(path, "export", "export.json")
+    if not os.path.isfile(report):
+        raise InputError(f"'{path}' is a folder without export/export.json; pass an .onnx file, or a run directory "
+                         "whose export stage ran (compress run --stages export)")
+    verdict = read_json(report, "export report").get("verdict") or {"file": "model.int8.onnx", "why": ""}
+    return os.path.join(path, "export", verdict["file"]), f"{verdict['file']}, as export recommends: {verdict['why']}"
+
+
+def image_paths(arguments):
+    """Image files from files, folders (every image below, sorted) and glob patterns, in the order given."""
+    found = []
+    for arg in arguments:
+        arg = os.path.expanduser(arg)
+        if os.path.isdir(arg):
+            for folder, dirs, files in os.walk(arg):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                found.extend(os.path.join(folder, f) for f in sorted(files)
+                             if f.lower().endswith(IMAGE_SUFFIXES) and not f.startswith("."))
+        elif any(c in arg for c in "*?[") and not os.path.exists(arg):
+            matches = sorted(glob.glob(arg, recursive=True))
+            if not matches:
+                raise InputError(f"no file matches '{arg}'")
+            found.extend(matches)
+        else:
+            found.append(arg)
+    return found
+
+
+def predict_files(model, paths, top_k=3, chunk=64):
+    """Yield (path, [(class, probability)...] or None, error or None) for each image; an unreadable one is
+    reported and skipped, the others still classified."""
+    names = model.class_names()
+    for start in range(0, len(paths), chunk):
+        batch, kept = [], []
+        for path in paths[start:start + chunk]:
+            try:
+                batch.append(model.preprocess([path])[0])
+                kept.append(path)
+            except InputError as e:
+                yield path, None, str(e)
+        if not batch:
+            continue
+        probs = _softmax(model(np.stack(batch)))
+        for path, p in zip(kept, probs):
+            order = np.argsort(-p)[:top_k]
+            yield path, [(names[i], float(p[i])) for i in order], None
+
+
+def labelled_tree(root, class_names):
+    """[(path, class index)] of an image-folder tree root/<class>/<image> (or its val/ or test/ split when root
+    holds train/ too), checked against the model's classes."""
+    root = os.path.expanduser(root)
+    if not os.path.isdir(root):
+        raise InputError(f"'{root}' is not a folder; pass a folder of class folders (<class>/<image>)")
+    for split in ("val", "test"):
+        if os.path.isdir(os.path.join(root, split)) and os.path.isdir(os.path.join(root, "train")):
+            root = os.path.join(root, split)
+            break
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        raise InputError(f"'{root}' holds no class folders; eval needs <class>/<image> folders named like the "
+                         f"model's classes ({', '.join(class_names[:5])}, ...)")
+    unknown = [c for c in classes if c not in class_names]
+    if unknown:
+        raise InputError(f"'{root}' has class folder(s) the model does not know: {', '.join(unknown[:5])}; the model's "
+                         f"classes are {', '.join(class_names[:10])}")
+    samples = [(p, class_names.index(c)) for c in classes for p in image_paths([os.path.join(root, c)])]
+    if not samples:
+        raise InputError(f"'{root}' holds no images in its class folders")
+    return root, samples
+
+
+def evaluate_tree(model, samples, chunk=256):
+    """Accuracy figures of `model` on [(path, label)]: top-1, top-5, per class, the confusion matrix (rows: true
+    class, columns: predicted) and the files that could not be read."""
+    n = len(model.class_names())
+    confusion = np.zeros((n, n), dtype=np.int64)
+    top5 = count = 0
+    skipped = []
+    for start in range(0, len(samples), chunk):
+        batch, labels = [], []
+        for path, label in samples[start:start + chunk]:
+            try:
+                batch.append(model.preprocess([path])[0])
+                labels.append(label)
+            except InputError as e:
+                skipped.append((path, str(e)))
+        if not batch:
+            continue
+        logits = model(np.stack(batch))
+        picked = logits.argmax(1)
+        best5 = np.argsort(-logits, axis=1)[:, :5]
+        for label, pick, five in zip(labels, picked, best5):
+            confusion[label, pick] += 1
+            top5 += int(label in five)
+            count += 1
+    correct = np.diag(confusion)
+    totals = confusion.sum(1)
+    per_class = {name: (100.0 * correct[i] / totals[i] if totals[i] else None, int(totals[i]))
+                 for i, name in enumerate(model.class_names())}
+    return {"images": count, "top1": 100.0 * correct.sum() / max(count, 1), "top5": 100.0 * top5 / max(count, 1),
+            "per_class": per_class, "confusion": confusion.tolist(), "skipped": skipped}
+
+
+def confusion_png(result, class_names, path):
+    """The confusion matrix as a PNG (headless matplotlib), counts in the cells."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = np.array(result["confusion"])
+    size = max(4.0, 0.45 * len(class_names) + 2)
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(m, cmap="Blues")
+    ax.set_xticks(range(len(class_names)), class_names, rotation=90, fontsize=8)
+    ax.set_yticks(range(len(class_names)), class_names, fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true class")
+    ax.set_title(f"top-1 {result['top1']:.2f}% on {result['images']:,} images")
+    if len(class_names) <= 30:
+        for i in range(len(m)):
+            for j in range(len(m)):
+                if m[i, j]:
+                    ax.text(j, i, str(m[i, j]), ha="center", va="center", fontsize=7,
+                            color="white" if m[i, j] > m.max() / 2 else "black")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _softmax(logits):
+    z = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
