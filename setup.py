@@ -12,7 +12,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["compress", "compress.*", "stages"]),
+    packages=[*find_packages(include=["compress", "compress.*", "stages"]), "compress.recipes"],
+    package_dir={"compress.recipes": "configs"},  # the shipped configs travel inside the package
+    package_data={"compress.recipes": ["*.yaml"]},
     install_requires=[
         "torch>=2.4,<2.15",
         "torchvision>=0.19,<0.30",

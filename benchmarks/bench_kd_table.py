@@ -53,9 +53,15 @@ def cells(args):
     return out
 
 
+BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from compress.cli import main; main(sys.argv[1:])"
+
+
 def compress(args, stages, overrides):
-    cmd = [os.path.join(os.path.dirname(sys.executable), "compress"), "run", "--run-dir", args.work, "--stages",
-           stages, "--set", "train.progress=false"]
+    """`compress run` of the installed package, or (--code DIR) of a frozen copy of the code in DIR, so the
+    cells of a table that runs for hours all measure the same code."""
+    exe = ([sys.executable, "-c", BOOT, args.code] if args.code else
+           [os.path.join(os.path.dirname(sys.executable), "compress")])
+    cmd = [*exe, "run", "--run-dir", args.work, "--stages", stages, "--set", "train.progress=false"]
     cmd += (["-c", args.config] if args.config else []) + [a for o in [*args.set, *overrides] for a in ("--set", o)]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -85,8 +91,9 @@ def run(args):
     finished = done(args.out)
     if "teacher" not in finished:
         manifest, wall = compress(args, "teacher", [])
-        m = manifest["teacher"]["metrics"]
-        record(args.out, {"key": "teacher", "val_acc": m["val_acc"], "wall_s": wall, "metrics": m})
+        m = manifest["teacher"]["metrics"]  # the stage's own time (this call may have found it done)
+        record(args.out, {"key": "teacher", "val_acc": m["val_acc"], "wall_s": manifest["teacher"]["seconds"],
+                          "metrics": m})
     for group, name, epochs, seed, overrides, baseline in cells(args):
         key = f"{name}@{epochs}/s{seed}"
         if key in finished:
@@ -157,6 +164,8 @@ def main():
     p.add_argument("--unlabeled-epochs", type=int, default=80, help="a second schedule for the unlabelled cells")
     p.add_argument("--export-key", default="standardized@160/s0", help="the cell whose student goes through QAT+export")
     p.add_argument("--work", help="the run directory shared by every cell")
+    p.add_argument("--code", help="run the compress package found in this folder (a frozen copy of compress/ and "
+                                  "stages/) instead of the installed one")
     p.add_argument("--out", required=True, help="JSON-lines results file")
     p.add_argument("--summary", action="store_true", help="only print the table from --out")
     args = p.parse_args()

@@ -129,6 +129,8 @@ def run(ctx):
     precision = ctx.precision().place([student, teacher.model], data.train.batch([0]).x)
     loader, val = ctx.loaders(train_set, data.val, d.batch_size, "distill.batch_size")
     store, plan = _plan_store(ctx, teacher, train_set, data, precision)
+    teacher_acc = evaluate(teacher.model, val, env, precision)["val_acc"]
+    _warn_if_the_teacher_cannot_teach(env, teacher_acc, data.num_classes)
     ctx.begin()
     teacher_outputs = _fill_store(ctx, store, plan, teacher, train_set, precision)
     ddp_student = dist.wrap_ddp(student, env)
@@ -143,9 +145,20 @@ def run(ctx):
         save_weights(ctx.run.path(OUTPUTS["model"]), student.student,
                      ctx.weights_metadata(cfg.model.student, data, parent=ctx.input_sha256("teacher", "model")))
     baseline = _train_baseline(ctx, data, labelled, val, precision) if d.baseline else None
-    teacher_acc = evaluate(teacher.model, val, env, precision)["val_acc"]
+    if baseline and env.is_main and teacher_acc < baseline["val_acc"]:
+        log.warning("distill: the teacher (%.2f%%) is below the student trained alone (%.2f%%): it has less to teach "
+                    "than the labels; a stronger teacher (more teacher.epochs, a larger model.teacher) will help more "
+                    "than any distillation setting", teacher_acc, baseline["val_acc"])
     return _result(cfg, history[-1], baseline, teacher_acc, student, teacher, replicas, precision, teacher_outputs,
                    labelled, len(train_set) - len(labelled))
+
+
+def _warn_if_the_teacher_cannot_teach(env, accuracy, classes):
+    chance = 100.0 / classes
+    if env.is_main and accuracy < chance + 5:
+        log.warning("distill: the teacher scores %.2f%% on the validation images, no better than chance (%.1f%% for %d "
+                    "classes): distilling from it cannot help; train it longer (teacher.epochs) and rerun", accuracy,
+                    chance, classes)
 
 
 def _plan_store(ctx, teacher, train_set, data, precision):

@@ -2,6 +2,7 @@
 accuracy budget against the float model."""
 
 import logging
+import math
 import os
 
 import torch
@@ -92,14 +93,23 @@ def run(ctx):
     dist.barrier(env)
     summary = (f"{model_name}: float {float_acc:.2f}%, fake-quant {final['val_acc']:.2f}%, "
                f"int8 {final['int8_acc']:.2f}%")
-    dist.fail_if(env, metrics["accuracy_drop"] > q.max_accuracy_drop, _budget_message(ctx, metrics, q))
+    over = metrics["accuracy_drop"] > q.max_accuracy_drop
+    dist.fail_if(env, over, _budget_message(ctx, metrics, q, data.num_classes) if over else "")
     return StageResult(metrics, list(OUTPUTS.values()), summary)
 
 
-def _budget_message(ctx, m, q):
+def _budget_message(ctx, m, q, classes):
+    """The accuracy-budget failure, with the keys that change the outcome and values to try."""
+    allow = math.ceil(m["accuracy_drop"] + 0.5)
+    advice = (f"accept the loss with --set qat.max_accuracy_drop={allow}, or let QAT recover it: more epochs "
+              f"(--set qat.epochs={2 * q.epochs}) or a gentler learning rate (--set qat.lr={q.lr / 2:g})")
+    chance = 100.0 / classes
+    if m["float_acc"] < 2 * chance:
+        advice += (f"; the float model itself is at {m['float_acc']:.2f}% (chance: {chance:.1f}%): train the teacher "
+                   "and the student longer first (teacher.epochs, distill.epochs)")
     return (f"qat: int8 accuracy {m['int8_acc']:.2f}% is {m['accuracy_drop']:.2f} points below the float model's "
-            f"{m['float_acc']:.2f}%, over the budget qat.max_accuracy_drop={q.max_accuracy_drop}; outputs kept in "
-            f"{ctx.run.rel(ctx.stage_path())}/ for inspection")
+            f"{m['float_acc']:.2f}%, over the budget qat.max_accuracy_drop={q.max_accuracy_drop}; {advice}; outputs "
+            f"kept in {ctx.run.rel(ctx.stage_path())}/ for inspection")
 
 
 def report_rows(entry, path):

@@ -62,11 +62,13 @@ def report(run_dir):
     Example:
       compress report artifacts/default
     """
-    from compress.run.report import markdown_table, write_report
+    from compress.run.report import build_rows, markdown_table, write_report
     from compress.run.rundir import RunLock
     from stages import STAGES
 
     run = _existing_run(run_dir)
     with RunLock(run):
         click.echo(markdown_table(write_report(run, STAGES)))
+    for note in build_rows(run, STAGES)[1]:
+        click.echo(f"- {note}")
     click.echo(f"report: {run.path('report.md')}")

@@ -27,9 +27,9 @@ def resolve_run_dir(run_dir, name, config_path):
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
-              help="YAML config. Default: the run directory's config.yaml if it has one, else the built-in "
-                   "defaults (configs/default.yaml).")
+@click.option("-c", "--config", "config_path",
+              help="YAML config file, or the name of a shipped recipe (compress config --list: default, cifar10, "
+                   "...). Default: the run directory's config.yaml if it has one, else the built-in defaults.")
 @click.option("--stages", "stages", default=",".join(STAGE_ORDER), show_default=True,
               help="Comma-separated stages to run; they always run in pipeline order.")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Where outputs go. Default: artifacts/<name>.")
@@ -43,8 +43,10 @@ def resolve_run_dir(run_dir, name, config_path):
                    "restarted workers resume from the last checkpoint.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Overrides train.device.")
 @click.option("--force", is_flag=True, help="Redo the selected stages even if they are up to date.")
+@click.option("--dry-run", is_flag=True,
+              help="Say what each stage would do (run, skip, resume, and why); write nothing.")
 @debug_option
-def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_restarts, device, force):
+def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_restarts, device, force, dry_run):
     """Run pipeline stages: skip what is up to date, resume what was interrupted.
 
     \b
@@ -53,13 +55,16 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
       compress run --stages teacher,distill -c configs/default.yaml
       compress run --stages qat --set qat.epochs=3      # rerun one stage from the previous output
       compress run --nproc-per-node 2 --max-restarts 1  # 2 processes; survive a lost worker
+      compress run -c cifar10 --set data.root=~/photos --dry-run   # the plan, nothing written
       torchrun --nproc_per_node 2 -m compress run       # the same, launched by hand (or multi-node)
     """
+    from compress.run import recipes
     from compress.run.config import load_config
     from compress.training.distributed import launched_by_torchrun
 
     stage_names = parse_stages(stages)
     run_dir = resolve_run_dir(run_dir, name, config_path)
+    config_path, note = recipes.resolve(config_path)
     if not config_path and os.path.isfile(os.path.join(run_dir, "config.yaml")):
         config_path = os.path.join(run_dir, "config.yaml")
     overrides = list(overrides) + ([f"train.device={device}"] if device else [])
@@ -69,6 +74,8 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
         from compress.errors import MirroredError
 
         raise e if int(os.environ.get("RANK", 0)) == 0 else MirroredError(str(e), e.exit_code)
+    if dry_run:
+        return _dry_run(cfg, config_path, note, run_dir, stage_names, force, nproc_per_node)
     if nproc_per_node > 1 and not launched_by_torchrun():
         sys.exit(_relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc_per_node, max_restarts))
     from compress.run.pipeline import run_pipeline
@@ -77,6 +84,8 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
     setup_logging(rank)
     if config_path and rank == 0:
         log.info("config %s, run directory %s", config_path, run_dir)
+        if note:
+            log.info("%s", note)
     # a worker restarted by torchrun after losing a peer resumes instead of redoing forced stages
     force = force and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0
     results = run_pipeline(cfg, run_dir, stage_names, force=force)
@@ -85,6 +94,20 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
 
         click.echo(markdown_table(results["report"]))
         click.echo(f"report: {os.path.join(run_dir, 'report.md')}")
+
+
+def _dry_run(cfg, config_path, note, run_dir, stage_names, force, world):
+    from compress.run.pipeline import plan
+
+    data, rows = plan(cfg, run_dir, stage_names, force, world)
+    click.echo(f"dry run: nothing is written. config {config_path or 'the defaults'}, run directory {run_dir}"
+               + (f" ({note})" if note else ""))
+    for line in data["lines"]:
+        click.echo(line)
+    for line in data["notes"]:
+        click.echo(f"data: {line}")
+    for name, action, why in rows:
+        click.echo(f"{name:8} {action:7} {why}")
 
 
 def _relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc, max_restarts):
@@ -141,19 +164,28 @@ def stages_cmd(run_dir):
 
 
 @cli.command("config")
-@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="YAML config to resolve.")
+@click.option("-c", "--config", "config_path", help="YAML config file or shipped recipe name to resolve.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a value (repeatable).")
 @click.option("--reference", is_flag=True, help="Print every key with its type, default and meaning (Markdown).")
+@click.option("--list", "list_recipes", is_flag=True, help="List the shipped recipes (usable as -c NAME anywhere).")
 @debug_option
-def config_cmd(config_path, overrides, reference):
+def config_cmd(config_path, overrides, reference, list_recipes):
     """Validate a config and print it resolved (defaults filled in, overrides applied).
 
     \b
     Examples:
-      compress config -c configs/cifar10-tutorial.yaml --set distill.epochs=2
+      compress config -c cifar10-tutorial --set distill.epochs=2
+      compress config --list
       compress config --reference
     """
+    from compress.run import recipes
     from compress.run.config import Config, dump_config, load_config
+
+    if list_recipes:
+        for name in recipes.names():
+            click.echo(f"{name:22} {recipes.summary(name)}")
+        return
+    config_path, _ = recipes.resolve(config_path)
 
     if reference:
         from compress.run.schema import reference as rows

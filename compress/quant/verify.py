@@ -2,6 +2,7 @@
 validation set (max |logit difference|, top-1 agreement, near-ties counted for int8), the kernels onnxruntime
 runs after its QDQ fusions, and the int8-vs-fp32 speed gate measured interleaved on real images."""
 
+import math
 import os
 
 import numpy as np
@@ -60,7 +61,7 @@ def output_step(path):
 
 def checks(report, e):
     fp32, int8 = report["fp32"], report["int8"]
-    return {
+    out = {
         "fp32_parity": {"ok": (fp32["max_abs_diff"] <= e.fp32_max_abs_diff
                                and fp32["top1_agreement"] >= e.fp32_min_agreement),
                         "detail": f"max |diff| {fp32['max_abs_diff']:.2e} (limit {e.fp32_max_abs_diff:g}), top-1 "
@@ -72,8 +73,22 @@ def checks(report, e):
                                   f"max |diff| {int8['max_abs_diff']:.3f}"},
         "int8_kernels": {"ok": bool(report["int8_kernels"]),
                          "detail": "onnxruntime runs " + (", ".join(report["int8_kernels"]) or
-                                                          "no int8 kernels after optimisation")},
+                                                          "no int8 kernels after optimisation: the model has no layer "
+                                                          "onnxruntime runs in int8 - check qat.float_layers")},
     }
+    if not out["fp32_parity"]["ok"]:  # an exporter difference, or a tolerance too tight for this model
+        out["fp32_parity"]["detail"] += (f"; try another opset (--set export.opset=17), or accept it with --set "
+                                         f"export.fp32_max_abs_diff={_above(fp32['max_abs_diff'])}")
+    if not out["int8_parity"]["ok"]:
+        out["int8_parity"]["detail"] += (f"; accept it with --set export.int8_min_agreement="
+                                         f"{math.floor(int8['top1_within_tie'] * 100) / 100:g}")
+    return out
+
+
+def _above(value):
+    """A round number above `value` (a tolerance to suggest)."""
+    exponent = math.floor(math.log10(value)) if value > 0 else -6
+    return f"{math.ceil(value / 10 ** exponent) * 10 ** exponent:g}"
 
 
 def verdict(speed, sizes, accuracy, float_layers, e):

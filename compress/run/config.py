@@ -80,6 +80,9 @@ class DataConfig:
             (self.name not in DATASET_NAMES,
              f"name: unknown dataset '{self.name}'; choose one of {', '.join(DATASET_NAMES)}"),
             (needs_root and not self.root, f"root: dataset '{self.name}' needs a root folder (data.root=PATH)"),
+            (self.root is not None and self.name in ("mnist5k", "digits"),
+             f"root: '{self.root}' is not read: data.name is {self.name}, which ships inside compress; to train on "
+             "the images in that folder set data.name: imagefolder (--set data.name=imagefolder)"),
             (not 0.0 < self.val_fraction < 1.0, f"val_fraction: must be between 0 and 1, got {self.val_fraction}"),
             (outside(self.image_size, 8, MAX_IMAGE_SIZE),
              f"image_size: must be between 8 and {MAX_IMAGE_SIZE}, got {self.image_size}"),

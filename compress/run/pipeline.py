@@ -20,7 +20,7 @@ from compress.run.context import StageContext
 from compress.run.contract import StageResult
 from compress.run.report import write_report
 from compress.run.rundir import RunDir, RunLock, now, versions
-from compress.run.state import StageState, decide
+from compress.run.state import StageState, decide, stage_states
 from compress.training import distributed as dist
 from compress.training import interrupt
 from stages import STAGES
@@ -42,28 +42,54 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
         with _run_lock(run, env):
             writer = _ConfigWriter(run, cfg, saved)
             results = {}
-            for name in stage_names:
-                interrupt.stop_if_asked(f"before the {name} stage", env)
-                state = StageState.from_json(dist.on_main(env, lambda n=name: decide(
-                    run, cfg, STAGES[n], force, STAGES, env.world).to_json()))
-                if state.action == "skip":
-                    if env.is_main:
-                        log.info("%s: up to date, skipped (%s)", name, state.reason)
-                    results[name] = None
-                    continue
-                results[name] = _run_stage(run, cfg, env, STAGES[name], state, writer)
-            interrupt.stop_if_asked("after the last stage; every finished stage is saved", env)
+            try:
+                for name in stage_names:
+                    interrupt.stop_if_asked(f"before the {name} stage", env)
+                    state = StageState.from_json(dist.on_main(env, lambda n=name: decide(
+                        run, cfg, STAGES[n], force, STAGES, env.world).to_json()))
+                    if state.action == "skip":
+                        if env.is_main:
+                            log.info("%s: up to date, skipped (%s)", name, state.reason)
+                        results[name] = None
+                        continue
+                    results[name] = _run_stage(run, cfg, env, STAGES[name], state, writer)
+                interrupt.stop_if_asked("after the last stage; every finished stage is saved", env)
+            except CompressError:
+                if env.is_main and run.exists():  # the report tells the whole story: what ran, and what failed
+                    _report_quietly(run)
+                raise
             if env.is_main:
                 results["report"] = write_report(run, STAGES)
+                _say_what_went_stale(run, stage_names)
     return results
+
+
+def _report_quietly(run):
+    try:
+        write_report(run, STAGES)
+    except Exception as e:  # the stage's own error is the one to show
+        log.debug("no report after the failure: %s", e)
+
+
+def _say_what_went_stale(run, stage_names):
+    """After a partial run: the later stages that now read replaced files, and the command that refreshes them."""
+    states = stage_states(run, STAGES)
+    stale = [name for name in STAGES if name not in stage_names and states[name][0] == "invalidated"]
+    if stale:
+        log.warning("%s now stale (%s); refresh with: compress run --run-dir %s --stages %s", " and ".join(stale)
+                    + (" are" if len(stale) > 1 else " is"), states[stale[0]][1], run.root, ",".join(stale))
 
 
 def _check_before_writing(cfg, run, stage_names, world):
     """Everything checkable before a file is written; returns the run directory's saved config (raw YAML
     mapping) or None."""
-    preflight.check(cfg, stage_names, world)
+    data = preflight.check(cfg, stage_names, world)
     run.check_usable()
     run.manifest()  # a corrupt manifest is reported before any work starts
+    for line in data["lines"]:
+        log.info("%s", line)
+    for note in data["notes"]:
+        log.warning("data: %s", note)
     return read_yaml(run.config_path) if os.path.isfile(run.config_path) else None
 
 
@@ -158,3 +184,35 @@ def _run_stage(run, cfg, env, spec, stage_state, writer):
         log.info("%s: done in %.1fs - %s", name, state.seconds(), result.summary)
     dist.barrier(env)
     return vars(result)
+
+
+def plan(cfg, run_root, stage_names, force=False, world=1):
+    """What `run_pipeline` would do, writing nothing: the data summary, then (stage, action, why) per stage,
+    action being skip, run or resume. A stage whose upstream runs first runs too (its input will change)."""
+    from compress.run.contract import Input
+
+    run = RunDir(run_root)
+    data = preflight.check(cfg, stage_names, world)
+    run.check_usable()
+    rows, running = [], {}
+    for name in stage_names:
+        spec = STAGES[name]
+        upstream = [i for i in spec.inputs(ConfigView(cfg, spec.CONFIG_KEYS)) if isinstance(i, Input)
+                    and i.stage in running]
+        try:
+            state = decide(run, cfg, spec, force, STAGES, world)
+            action, why = {"skip": "skip", "fresh": "run", "resume": "resume"}[state.action], state.reason
+        except CompressError as e:  # an input not there yet: fine when the stage that writes it runs first
+            if not upstream:
+                raise
+            action, why = "run", str(e)
+        if upstream:  # whatever the files say now, its input is about to change
+            first = upstream[0]
+            rel = STAGES[first.stage].OUTPUTS[first.output]
+            exists = os.path.isfile(run.path(rel))
+            action, why = "run", (f"{first.stage} runs first and replaces {rel}" if exists else
+                                  f"after {first.stage}, which writes {rel}")
+        if action != "skip":
+            running[name] = action
+        rows.append((name, action, why))
+    return data, rows

@@ -48,10 +48,14 @@ def problems(cfg, stage_names, world_size):
 
 
 def check(cfg, stage_names, world_size, source=None):
-    """Raise one ConfigError listing every problem found by `problems`."""
+    """Raise one ConfigError listing every problem found by `problems`; then look at the data (its layout,
+    without decoding an image) and return its summary: {"lines": [...], "notes": [...]}."""
     found = problems(cfg, stage_names, world_size)
     if found:
         raise ConfigError(found, source=source)
+    from compress.data.datasets import describe
+
+    return describe(cfg.data, unlabeled="distill" in stage_names)
 
 
 def _model_problems(cfg, stage_names):

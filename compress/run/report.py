@@ -32,6 +32,8 @@ def build_rows(run, stages):
     for name, spec in stages.items():
         entry = manifest["stages"].get(name) or {}
         state, detail = states[name]
+        if state in ("failed", "interrupted"):
+            notes.append(f"{name} {state}: {detail}" if detail else f"{name} {state}")
         if entry.get("status") != "complete" or not hasattr(spec, "report_rows"):
             continue
         try:

@@ -1,0 +1,41 @@
+"""The shipped recipes (the repository's configs/*.yaml, installed as the package `compress.recipes`): found by
+name - or by their repository path - from any folder, so `compress run -c cifar10` works outside a clone."""
+
+import importlib.resources
+import os
+
+from compress.errors import InputError
+
+
+def _folder():
+    return importlib.resources.files("compress.recipes")
+
+
+def names():
+    return sorted(p.name[:-5] for p in _folder().iterdir() if p.name.endswith(".yaml"))
+
+
+def path_of(name):
+    """The file of recipe `name`, or None."""
+    candidate = _folder() / f"{name}.yaml"
+    return str(candidate) if candidate.is_file() else None
+
+
+def summary(name):
+    """The first line of the recipe's opening comment."""
+    with open(path_of(name), encoding="utf-8") as f:
+        first = f.readline()
+    return first.lstrip("#").strip() if first.startswith("#") else ""
+
+
+def resolve(value):
+    """(config file, note): `value` itself when it is a file; else the shipped recipe it names ('cifar10', or
+    'configs/cifar10.yaml' from outside a clone). An InputError lists the recipes when it is neither."""
+    if value is None or os.path.isfile(os.path.expanduser(value)):
+        return value, ""
+    stem = os.path.splitext(os.path.basename(value))[0]
+    found = path_of(stem) if stem and (value == stem or value.endswith((".yaml", ".yml"))) else None
+    if found:
+        return found, ("" if value == stem else f"{value} is not here; using the shipped recipe '{stem}'")
+    raise InputError(f"config '{value}' is neither a file nor a shipped recipe; pass a YAML file, or one of the "
+                     f"recipes: {', '.join(names())} (compress config --list)")
