@@ -1,6 +1,7 @@
 """The click group, its error handling (one line per error, tracebacks only with --debug) and logging."""
 
 import logging
+import logging.handlers
 import os
 import sys
 
@@ -11,7 +12,9 @@ from compress.errors import EXIT_INTERRUPTED, CompressError
 
 log = logging.getLogger("compress")
 
-_debug = {"on": bool(os.environ.get("COMPRESS_DEBUG"))}
+_debug = {"on": bool(os.environ.get("COMPRESS_DEBUG")), "verbose": False}
+# library warnings raised before the run directory can be written (model checks in preflight) wait here
+_EARLY = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
 
 
 def _set_debug(ctx, param, value):
@@ -24,7 +27,21 @@ debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eage
                             help="Show full tracebacks for errors.")
 
 
+def _set_verbose(ctx, param, value):
+    if value:
+        _debug["verbose"] = True
+    return value
+
+
+verbose_option = click.option("-v", "--verbose", is_flag=True, expose_value=False, is_eager=True,
+                              callback=_set_verbose, help="Also show the warnings of the libraries compress uses "
+                                                          "(always kept in the run's log.txt).")
+
+
 def setup_logging(rank=0):
+    """compress's own lines on stderr (rank 0: progress and results; other ranks: warnings only). Warnings of
+    the libraries underneath (PyTorch quantization, ONNX export, ...) are routed through logging as well: into
+    the run's log.txt (`log_to_file`), and onto the terminal only with -v or --debug."""
     handler = logging.StreamHandler(sys.stderr)
     prefix = "" if rank == 0 else f"[rank {rank}] "
     handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(message)s", datefmt="%H:%M:%S"))
@@ -33,6 +50,12 @@ def setup_logging(rank=0):
         logger.handlers[:] = [handler]
         logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
         logger.propagate = False
+    logging.captureWarnings(True)
+    warnings_log = logging.getLogger("py.warnings")
+    warnings_log.propagate = False
+    warnings_log.setLevel(logging.WARNING)
+    loud = _debug["on"] or _debug.get("verbose")
+    warnings_log.handlers[:] = [handler] if loud and rank == 0 else [_EARLY]
 
 
 class CompressGroup(click.Group):

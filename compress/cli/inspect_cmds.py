@@ -1,13 +1,22 @@
 """`compress show` and `compress report`: looking at a run directory."""
 
+import os
+
 import click
 
 from compress.cli.base import cli, debug_option
+
+DEFAULT_RUN = "artifacts/default"
 
 
 def _existing_run(run_dir):
     from compress.run.rundir import RunDir
 
+    if run_dir is None:
+        if not os.path.isfile(os.path.join(DEFAULT_RUN, "manifest.json")):
+            raise click.BadParameter(f"no run directory given, and {DEFAULT_RUN} holds no run; pass one, e.g. "
+                                     "compress show artifacts/cifar10", param_hint="RUN_DIR")
+        run_dir = DEFAULT_RUN
     run = RunDir(run_dir)
     if not run.exists():
         raise click.BadParameter(f"'{run_dir}' is not a compress run directory (no manifest.json)",
@@ -16,10 +25,11 @@ def _existing_run(run_dir):
 
 
 @cli.command()
-@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("run_dir", type=click.Path(file_okay=False), required=False)
 @debug_option
 def show(run_dir):
-    """Status of every stage in a run directory, its key metrics, and its files checked against sha256.
+    """Status of every stage in a run directory (default: artifacts/default), its key metrics, and its files
+    checked against sha256.
 
     \b
     Example:
@@ -53,10 +63,11 @@ def _short(value):
 
 
 @cli.command()
-@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("run_dir", type=click.Path(file_okay=False), required=False)
 @debug_option
 def report(run_dir):
-    """Write report.md, report.json and report.png for a run directory and print the table.
+    """Write report.md, report.json and report.png for a run directory (default: artifacts/default) and print
+    the table.
 
     \b
     Example:

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from compress.cli.base import _debug, cli, debug_option, log, setup_logging
+from compress.cli.base import _debug, cli, debug_option, log, setup_logging, verbose_option
 from compress.errors import CompressError
 from stages import ORDER as STAGE_ORDER  # the names only: importing them loads no torch, so --help is instant
 
@@ -14,7 +14,11 @@ def parse_stages(value):
     names = [s.strip() for s in value.split(",") if s.strip()]
     unknown = [n for n in names if n not in STAGE_ORDER]
     if unknown or not names:
-        raise click.BadParameter(f"unknown stage '{unknown[0] if unknown else value}'; valid stages: "
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], STAGE_ORDER, n=1) if unknown else []
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise click.BadParameter(f"unknown stage '{unknown[0] if unknown else value}'{hint}; valid stages: "
                                  f"{', '.join(STAGE_ORDER)} (comma-separated)", param_hint="--stages")
     return [s for s in STAGE_ORDER if s in names]
 
@@ -45,6 +49,7 @@ def resolve_run_dir(run_dir, name, config_path):
 @click.option("--force", is_flag=True, help="Redo the selected stages even if they are up to date.")
 @click.option("--dry-run", is_flag=True,
               help="Say what each stage would do (run, skip, resume, and why); write nothing.")
+@verbose_option
 @debug_option
 def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_restarts, device, force, dry_run):
     """Run pipeline stages: skip what is up to date, resume what was interrupted.
@@ -125,6 +130,7 @@ def _relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc, m
     argv = ["run", "--stages", ",".join(stage_names), "--run-dir", run_dir]
     argv += (["--config", config_path] if config_path else []) + (["--force"] if force else [])
     argv += [a for o in overrides for a in ("--set", o)] + (["--debug"] if _debug["on"] else [])
+    argv += ["--verbose"] if _debug.get("verbose") else []
     with RunLock(run):
         os.environ[LOCK_ENV] = run.root
         click.echo(f"compress: starting {nproc} processes (torchrun)", err=True)

@@ -20,6 +20,9 @@ from compress.errors import InputError
 _KNOWN_WARNINGS = (
     (DeprecationWarning, r"torch\.ao\.quantization is deprecated"),
     (UserWarning, r".*quantized tensor"),
+    # fixed-qparams ops (hardsigmoid, sigmoid, tanh in mobilenet_v3 and efficientnet) keep torch's own fixed
+    # ranges whatever the QConfig says - once per op, four lines each, and nothing to act on
+    (UserWarning, r"QConfig must specify a FixedQParamsObserver"),
 )
 
 

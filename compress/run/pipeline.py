@@ -6,7 +6,9 @@ Order of work: check everything that can be checked (config against the world, r
 decides and writes; the decision is broadcast so every rank does the same thing.
 """
 
+import contextlib
 import logging
+import logging.handlers
 import os
 import time
 
@@ -39,7 +41,7 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
     run = RunDir(run_root)
     with interrupt.graceful_stop(), dist.process_group(cfg.train.device, cfg.train.threads) as env:
         saved = dist.on_main(env, _check_before_writing, cfg, run, stage_names, env.world)
-        with _run_lock(run, env):
+        with _run_lock(run, env), _log_file(run, env):
             writer = _ConfigWriter(run, cfg, saved)
             results = {}
             try:
@@ -62,6 +64,31 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
                 results["report"] = write_report(run, STAGES)
                 _say_what_went_stale(run, stage_names)
     return results
+
+
+@contextlib.contextmanager
+def _log_file(run, env):
+    """Rank 0 appends every line of compress, and every warning of the libraries underneath, to the run's
+    log.txt (the terminal shows the library warnings only with -v); warnings raised before the run directory
+    could be written (model checks) were held back and go in first."""
+    if not env.is_main:
+        yield
+        return
+    handler = logging.FileHandler(run.path("log.txt"), encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    loggers = [logging.getLogger(name) for name in ("compress", "stages", "py.warnings")]
+    for logger in loggers:
+        for held in [h for h in logger.handlers if isinstance(h, logging.handlers.MemoryHandler)]:
+            held.setTarget(handler)
+            held.flush()
+            held.setTarget(None)
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+        handler.close()
 
 
 def _report_quietly(run):

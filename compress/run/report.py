@@ -101,8 +101,9 @@ def write_report(run, stages):
 
 
 def plot(rows, path):
-    """Accuracy against size and against batch-64 latency (headless matplotlib). Artifacts that land on the
-    same point (the student in PyTorch and as fp32 ONNX) share one marker and one label."""
+    """Accuracy against size and against batch-64 latency (headless matplotlib). Every artifact has its own
+    marker and colour, named in one legend below the plots (labels beside points overlapped whenever two
+    points were close); the teacher's latency is that of its fp32 ONNX export, and says so."""
     import io
 
     import matplotlib
@@ -111,37 +112,38 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    colors = {r["artifact"]: f"C{i}" for i, r in enumerate(rows)}
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, key, label in ((axes[0], "size_bytes", "size (KB, log scale)"),
-                           (axes[1], "latency_b64_ms", "onnxruntime latency, batch 64, all cores (ms, log scale)")):
-        points = {}
+    markers = "osD^vP*Xhp<>"
+    style = {r["artifact"]: (f"C{i % 10}", markers[i % len(markers)]) for i, r in enumerate(rows)}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+    for ax, key, label in ((axes[0], "size_bytes", "file size (KB, log scale)"),
+                           (axes[1], "latency_b64_ms", "latency, batch 64, all cores (ms, log scale)")):
+        xs, ys = [], []
         for r in rows:
             if r[key] is None or r["val_acc"] is None:
                 continue
             x = r[key] / 1e3 if key == "size_bytes" else r[key]
-            spot = next((p for p in points if abs(p[0] / x - 1) < 0.05 and abs(p[1] - r["val_acc"]) < 1e-9),
-                        (x, r["val_acc"]))
-            points.setdefault(spot, []).append(r["artifact"] + ("" if r.get("current", True) else " (stale)"))
-        for (x, y), names in points.items():
-            ax.scatter(x, y, s=70, color=colors.get(names[-1].replace(" (stale)", ""), "C0"), zorder=3)
-            ax.annotate(" +\n".join(names), (x, y), textcoords="offset points", xytext=(8, -4), fontsize=8,
-                        va="top")
-        if points:
-            xs = [p[0] for p in points]
-            ys = [p[1] for p in points]
+            color, marker = style[r["artifact"]]
+            ax.scatter(x, r["val_acc"], s=60, color=color, marker=marker, zorder=3, alpha=0.85,
+                       edgecolors="black" if r.get("current", True) else "none")
+            xs.append(x)
+            ys.append(r["val_acc"])
+        if xs:
             ax.set_xscale("log")
-            ax.set_xlim(min(xs) / 2, max(xs) * 6)
+            ax.set_xlim(min(xs) / 1.6, max(xs) * 1.6)
             spread = max(max(ys) - min(ys), 0.5)
-            ax.set_ylim(min(ys) - spread * 0.35, max(ys) + spread * 0.2)
+            ax.set_ylim(min(ys) - spread * 0.2, max(ys) + spread * 0.2)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(label)
         ax.set_ylabel("validation accuracy (%)")
         ax.grid(True, alpha=0.3, which="both")
     axes[0].set_title("accuracy vs size")
-    axes[1].set_title("accuracy vs latency")
-    fig.tight_layout()
+    axes[1].set_title("accuracy vs latency (the teacher: its fp32 ONNX export)")
+    handles = [plt.Line2D([], [], linestyle="", marker=m, color=c, markersize=8, markeredgecolor="black")
+               for c, m in style.values()]
+    names = [name + ("" if r.get("current", True) else " (stale)") for name, r in zip(style, rows)]
+    fig.legend(handles, names, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08 + 0.025 * ((len(names) + 1) // 2), 1, 1))
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
