@@ -41,12 +41,12 @@ def invoke(*args):
     return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
 
-def compress_subprocess(*args, env=None, timeout=600):
-    """The installed console script, as a user runs it."""
+def compress_subprocess(*args, env=None, timeout=600, cwd=None):
+    """The installed console script, as a user runs it (from `cwd` when given)."""
     exe = shutil.which("compress") or os.path.join(os.path.dirname(sys.executable), "compress")
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([exe, *[str(a) for a in args]], capture_output=True, text=True, env=full_env,
-                          timeout=timeout)
+                          timeout=timeout, cwd=cwd)
 
 
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults.py")

@@ -1,0 +1,215 @@
+"""What a new user meets in the first hour, each as a test that failed on the old behaviour: a folder that would
+have been ignored, recipes by name from any folder, the data summary and layout errors before anything is
+written, quiet logs, failures that say what to change, the report of a failed run, predict and eval on folders,
+and the plan of a run without running it."""
+
+import json
+import os
+import shutil
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import compress_subprocess, invoke
+
+
+def image_tree(root, splits=("train", "val"), classes=("cat", "dog"), count=4):
+    rng = np.random.default_rng(0)
+    for split in splits:
+        for cls in classes:
+            folder = root / split / cls if split else root / cls
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+
+
+def test_a_folder_given_with_a_built_in_dataset_is_refused_not_ignored(tmp_path):
+    """Was: exit 0, training on the shipped MNIST digits."""
+    result = invoke("run", "--run-dir", tmp_path / "run", "--set", f"data.root={tmp_path}")
+    assert result.exit_code == 2 and not (tmp_path / "run").exists()
+    assert "data.root: '" in result.stderr
+    assert "set data.name: imagefolder (--set data.name=imagefolder)" in result.stderr
+
+
+def test_recipes_work_by_name_and_by_their_repository_path_from_any_folder(tmp_path):
+    """Was: 'config file configs/cifar10.yaml not found' outside a clone."""
+    by_name = compress_subprocess("config", "-c", "digits-quick", cwd=tmp_path)
+    by_path = compress_subprocess("config", "-c", "configs/digits-quick.yaml", cwd=tmp_path)
+    assert by_name.returncode == 0 and by_path.returncode == 0, by_name.stderr + by_path.stderr
+    assert "name: digits" in by_name.stdout and by_name.stdout == by_path.stdout
+    listing = compress_subprocess("config", "--list", cwd=tmp_path).stdout
+    assert {"cifar10", "default", "digits-quick", "cifar10-tutorial", "imagefolder-resnet18"} <= {
+        line.split()[0] for line in listing.splitlines()}
+    missing = compress_subprocess("run", "-c", "cifar11", cwd=tmp_path)
+    assert missing.returncode == 2 and "neither a file nor a shipped recipe" in missing.stderr
+    assert "cifar10, cifar10-tutorial, default" in missing.stderr and not list(tmp_path.iterdir())
+
+
+def test_the_data_summary_comes_before_the_first_stage(tmp_path):
+    image_tree(tmp_path / "img")
+    result = invoke("run", "--run-dir", tmp_path / "run", "--stages", "teacher", "--set", "data.name=imagefolder",
+                    "--set", f"data.root={tmp_path / 'img'}", "--set", "data.image_size=8", "--set", "teacher.epochs=1",
+                    "--set", "model.teacher=compact_cnn")
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    summary = next(i for i, line in enumerate(lines) if "data: imagefolder" in line)
+    assert summary < next(i for i, line in enumerate(lines) if "teacher: running" in line)
+    assert "train/ and val/ folders, used as given" in lines[summary]
+    assert "2 classes (cat, dog); 8 training / 8 validation images" in lines[summary + 1]
+    assert "images 3x8x8" in lines[summary + 2]
+
+
+def test_a_train_folder_without_val_is_split_not_taken_for_a_class(tmp_path):
+    """Was: 'found 1 class folder(s)' - train/ taken for the only class."""
+    image_tree(tmp_path / "img", splits=("train",), count=10)
+    result = invoke("run", "--dry-run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder",
+                    "--set", f"data.root={tmp_path / 'img'}")
+    assert result.exit_code == 0, result.output
+    assert "train/ only (no val/ or test/ beside it): 10% held out" in result.output
+    assert "2 classes (cat, dog); 18 training / 2 validation images" in result.output
+
+
+def test_a_split_folder_given_as_the_root_is_named(tmp_path):
+    """Was: silently split; now the summary says the folder has siblings and how to use them."""
+    image_tree(tmp_path / "img", count=10)
+    result = invoke("run", "--dry-run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder",
+                    "--set", f"data.root={tmp_path / 'img' / 'train'}")
+    assert f"point data.root at {tmp_path / 'img'} to use its splits as given" in result.output
+
+
+def test_an_empty_class_is_an_error_before_anything_is_written(tmp_path):
+    image_tree(tmp_path / "img")
+    for f in (tmp_path / "img" / "val" / "dog").iterdir():
+        f.unlink()
+    result = invoke("run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder",
+                    "--set", f"data.root={tmp_path / 'img'}")
+    assert result.exit_code == 2 and not (tmp_path / "run").exists()
+    assert f"class folder '{tmp_path / 'img' / 'val' / 'dog'}' holds no images" in result.stderr
+    assert "teacher: running" not in result.stderr
+
+
+def test_library_warnings_go_to_the_runs_log_not_the_terminal(tmp_path, tiny_config):
+    """A model that warns on every forward pass: the terminal stays ours; log.txt keeps the warnings; -v shows
+    them too."""
+    (tmp_path / "noisy.py").write_text(textwrap.dedent("""
+        import warnings
+        import torch
+
+        class Noisy(torch.nn.Module):
+            def __init__(self, num_classes, in_channels):
+                super().__init__()
+                self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(in_channels * 64, num_classes))
+
+            def forward(self, x):
+                warnings.warn("noisy library warning", UserWarning)
+                return self.body(x)
+
+        def build(num_classes, in_channels):
+            return Noisy(num_classes, in_channels)
+        """))
+    args = ["run", "-c", tiny_config, "--stages", "teacher", "--set", "model.teacher=noisy:build",
+            "--set", "teacher.epochs=1"]
+    quiet = compress_subprocess(*args, "--run-dir", tmp_path / "quiet", cwd=tmp_path)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "noisy library warning" not in quiet.stderr
+    assert "noisy library warning" in (tmp_path / "quiet" / "log.txt").read_text()
+    loud = compress_subprocess(*args, "--run-dir", tmp_path / "loud", "-v", cwd=tmp_path)
+    assert "noisy library warning" in loud.stderr
+
+
+def test_a_qat_budget_failure_says_which_keys_to_change(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    result = invoke("run", "--run-dir", run, "--stages", "qat", "--set", "qat.max_accuracy_drop=0",
+                    "--set", "qat.optimizer=sgd", "--set", "qat.lr=2")
+    assert result.exit_code == 1, result.output
+    message = result.stderr.strip().splitlines()[-1]
+    assert "over the budget qat.max_accuracy_drop=0.0; accept the loss with --set qat.max_accuracy_drop=" in message
+    assert "(--set qat.epochs=4) or a gentler learning rate (--set qat.lr=1)" in message
+    report = (run / "report.md").read_text()  # was: exit 0 and a report that simply lost its qat rows
+    assert "- qat failed: qat: int8 accuracy" in report
+    again = invoke("run", "--run-dir", run, "--stages", "qat")  # was: "resuming the interrupted run"
+    assert "qat: the last run failed (qat: int8 accuracy" in again.stderr
+
+
+def test_a_teacher_no_better_than_chance_is_named_before_distilling(tmp_path, tiny_config):
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher,distill",
+                    "--set", "teacher.epochs=1", "--set", "teacher.lr=0.0000001", "--set", "distill.epochs=1")
+    assert result.exit_code == 0, result.output
+    assert "hardly better than chance (10.0% for 10 classes): distilling from it cannot help" in result.stderr
+
+
+def test_a_single_stage_rerun_names_the_stages_it_made_stale(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    result = invoke("run", "--run-dir", run, "--stages", "distill", "--set", "distill.epochs=1")
+    assert result.exit_code == 0, result.output
+    assert f"qat and export are now stale (distill/model.safetensors changed since this stage ran); refresh with: " \
+           f"compress run --run-dir {run} --stages qat,export" in result.stderr
+
+
+def test_predict_takes_folders_and_globs_and_skips_what_it_cannot_read(finished_run, tmp_path):
+    from compress.data.builtin import _digits_arrays
+
+    grey, _ = _digits_arrays()
+    (tmp_path / "imgs" / "sub").mkdir(parents=True)
+    for i in range(3):
+        Image.fromarray((grey[i] * 255 / 16).astype(np.uint8)).save(tmp_path / "imgs" / "sub" / f"{i}.png")
+    (tmp_path / "imgs" / "broken.png").write_bytes(b"not an image")
+    result = invoke("predict", finished_run, tmp_path / "imgs", str(tmp_path / "imgs" / "sub" / "*.png"))
+    assert result.exit_code == 2
+    assert result.stdout.count(": ") == 6  # three images from the folder, three from the glob
+    assert f"skipped: cannot read image '{tmp_path / 'imgs' / 'broken.png'}'" in result.stderr
+    assert "error: 1 of 7 image(s) could not be read" in result.stderr
+    assert "using model.int8.onnx, as export recommends" in result.stderr
+
+
+def test_eval_on_the_validation_images_equals_the_export_stages_own_accuracy(finished_run, tmp_path):
+    """The tiny run's validation digits written as lossless PNG class folders: eval (onnxruntime, the file's
+    preprocessing) must find exactly the accuracy the export stage measured on the same images."""
+    from compress.data.datasets import load_data
+    from compress.run.config import load_config
+
+    data = load_data(load_config(str(finished_run / "config.yaml")).data, 0)
+    images, labels = data.val.raw(range(len(data.val)))
+    for i, (image, label) in enumerate(zip(images, labels)):
+        folder = tmp_path / "val" / str(int(label))
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image[0].numpy()).save(folder / f"{i}.png")
+    result = invoke("eval", finished_run / "export" / "model.int8.onnx", tmp_path / "val", "--json",
+                    "--png", tmp_path / "confusion.png")
+    assert result.exit_code == 0, result.output
+    measured = json.loads(result.stdout)
+    export = json.loads((finished_run / "export" / "export.json").read_text())
+    assert measured["images"] == len(data.val) == export["int8"]["samples"]
+    assert measured["top1"] == pytest.approx(export["int8"]["onnx_acc"], abs=1e-9)
+    assert sum(map(sum, measured["confusion"])) == len(data.val) and measured["top5"] >= measured["top1"]
+    assert (tmp_path / "confusion.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dry_run_says_what_each_stage_would_do_and_writes_nothing(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = sorted(os.listdir(run))
+    result = invoke("run", "--run-dir", run, "--dry-run", "--set", "distill.epochs=3")
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.split()[0] in
+             ("teacher", "distill", "qat", "export")}
+    assert lines["teacher"].split()[1] == "skip"
+    assert lines["distill"].split()[1] == "run" and "config changed (distill.epochs)" in lines["distill"]
+    assert "distill runs first and replaces distill/model.safetensors" in lines["qat"]
+    assert sorted(os.listdir(run)) == before and torch is not None
+    assert invoke("run", "--run-dir", tmp_path / "new", "--dry-run").exit_code == 0
+    assert not (tmp_path / "new").exists()
+
+
+def test_small_things(tmp_path, finished_run, monkeypatch):
+    assert "(did you mean 'distill'?)" in invoke("run", "--stages", "distil").output
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "artifacts").mkdir()
+    shutil.copytree(finished_run, tmp_path / "artifacts" / "default")
+    shown = invoke("show")
+    assert shown.exit_code == 0 and "teacher  complete" in shown.stdout
