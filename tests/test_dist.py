@@ -146,9 +146,13 @@ def test_two_nodes_on_one_machine_train_as_one_group(tiny_config, tmp_path):
         assert manifest[stage]["status"] == "complete" and manifest[stage]["world_size"] == 2
         assert manifest[stage]["metrics"]["replicas_identical"] is True
     # one set of files, written once (by global rank 0)
-    files = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
-    assert files == ["config.yaml", "distill/baseline.safetensors", "distill/baseline/last/checkpoint.safetensors",
-                     "distill/baseline/metrics.json", "distill/last/checkpoint.safetensors", "distill/metrics.json",
-                     "distill/model.safetensors", "manifest.json", "report.json", "report.md", "report.png",
-                     "teacher/last/checkpoint.safetensors", "teacher/metrics.json", "teacher/model.safetensors"]
+    files = sorted({str(p.parent.relative_to(run)) + "/events" if "tfevents" in p.name else str(p.relative_to(run))
+                    for p in run.rglob("*") if p.is_file()})
+    board = ["distill/baseline/tensorboard/events", "distill/tensorboard/events", "teacher/tensorboard/events"]
+    assert [f for f in files if not f.endswith("/events")] == [
+        "config.yaml", "distill/baseline.safetensors", "distill/baseline/last/checkpoint.safetensors",
+        "distill/baseline/metrics.json", "distill/last/checkpoint.safetensors", "distill/metrics.json",
+        "distill/model.safetensors", "log.txt", "manifest.json", "report.json", "report.md", "report.png",
+        "teacher/last/checkpoint.safetensors", "teacher/metrics.json", "teacher/model.safetensors"]
+    assert [f for f in files if f.endswith("/events")] in ([], board)  # TensorBoard is an optional extra
     _assert_no_group_thread_at_exit(census)  # each node's worker tore its group down

@@ -44,7 +44,7 @@ def test_recipes_work_by_name_and_by_their_repository_path_from_any_folder(tmp_p
     assert {"cifar10", "default", "digits-quick", "cifar10-tutorial", "imagefolder-resnet18"} <= {
         line.split()[0] for line in listing.splitlines()}
     missing = compress_subprocess("run", "-c", "cifar11", cwd=tmp_path)
-    assert missing.returncode == 2 and "neither a file nor a shipped recipe" in missing.stderr
+    assert missing.returncode == 2 and "not found, and it names no shipped recipe" in missing.stderr
     assert "cifar10, cifar10-tutorial, default" in missing.stderr and not list(tmp_path.iterdir())
 
 

@@ -13,7 +13,7 @@ EXPECTED_TREE = [
     "distill/baseline/tensorboard/events", "distill/last/checkpoint.safetensors", "distill/metrics.json",
     "distill/model.safetensors", "distill/tensorboard/events",
     "export/export.json", "export/model.fp32.onnx", "export/model.int8.onnx", "export/model.ptq.onnx",
-    "manifest.json",
+    "log.txt", "manifest.json",
     "qat/last/checkpoint.safetensors", "qat/metrics.json", "qat/qat.safetensors", "qat/tensorboard/events",
     "report.json", "report.md", "report.png",
     "teacher/last/checkpoint.safetensors", "teacher/metrics.json", "teacher/model.safetensors",

@@ -155,12 +155,12 @@ def bench(models, batch, threads, repeats, warmup, runtime):
       compress bench artifacts/default/export/model.int8.onnx --runtime openvino
     """
     from compress.deploy.latency import latency_table
-    from compress.deploy.runtimes import session
+    from compress.deploy.runtimes import check
 
     if len(models) > 2:
         raise click.BadParameter("give one ONNX file, or two to compare", param_hint="MODELS")
     for path in models:
-        session(runtime, path, 1)  # a clear error for a missing or non-ONNX file, or a missing runtime
+        check(runtime, path)  # a clear error for a missing or non-ONNX file, or a missing runtime
     batches = _int_list(batch, "--batch", 4096)
     thread_list = _int_list(threads, "--threads", 1024) if threads else None
     if len(models) == 2:
@@ -178,17 +178,19 @@ def _compare(paths, batches, threads, rounds, warmup, runtime):
 
     from compress.deploy.latency import compare_latency, speedup_text
     from compress.deploy.onnx_model import OnnxModel
-    from compress.deploy.runtimes import session
+    from compress.deploy.runtimes import compare_in_openvino, onnxruntime_session
 
     a, b = (os.path.basename(p) for p in paths)
     shape = OnnxModel(paths[0], require_metadata=False).input_shape
     click.echo(f"A = {paths[0]}\nB = {paths[1]}\n({runtime}, CPU, median of {rounds} interleaved rounds)")
     click.echo(f"{'batch':>6} {'threads':>8} {'A ms':>10} {'B ms':>10}  B vs A")
     for t in threads or (1, os.cpu_count() or 1):
-        sessions = {name: session(runtime, p, t) for name, p in zip("AB", paths)}
+        files = dict(zip("AB", paths))
+        sessions = {name: onnxruntime_session(p, t) for name, p in files.items()} if runtime == "onnxruntime" else None
         for n in batches:
             x = np.random.default_rng(0).standard_normal((n, *shape), dtype=np.float32)
-            times = compare_latency(sessions, x, rounds=rounds, warmup=warmup)
+            times = (compare_latency(sessions, x, rounds=rounds, warmup=warmup) if sessions else
+                     compare_in_openvino(files, x, t, rounds, warmup))
             ratio = times["A"]["median_ms"] / times["B"]["median_ms"]
             click.echo(f"{n:>6} {t:>8} {times['A']['median_ms']:>10.3f} {times['B']['median_ms']:>10.3f}  "
                        f"{b} is {speedup_text(ratio)} than {a}")

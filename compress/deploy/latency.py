@@ -8,16 +8,23 @@ import time
 import numpy as np
 
 from compress.deploy.onnx_model import OnnxModel
-from compress.deploy.runtimes import session
 
 
 def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime="onnxruntime"):
     """[{batch, threads, ms, images_per_s}] for each batch size x thread count in `runtime`; `stop()` is called
     between cells (it raises to abandon the measurement)."""
+    threads = list(threads or (1, os.cpu_count() or 1))
+    if runtime == "openvino":  # in a child process of its own (compress.deploy.openvino_child)
+        from compress.deploy.openvino_child import request
+
+        if stop:
+            stop()
+        return request({"do": "table", "path": str(path), "batch_sizes": list(batch_sizes), "threads": threads,
+                        "repeats": repeats, "warmup": warmup})
     rows = []
     shape = OnnxModel(path, require_metadata=False).input_shape
-    for t in threads or (1, os.cpu_count() or 1):
-        model = session(runtime, path, t)
+    for t in threads:
+        model = OnnxModel(path, threads=t, require_metadata=False)
         for b in batch_sizes:
             if stop:
                 stop()

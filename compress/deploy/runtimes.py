@@ -1,7 +1,10 @@
-"""The runtimes an exported file is run and timed in: onnxruntime (always installed) and OpenVINO (an optional
-extra: `pip install -e ".[openvino]"`). Each gives a session: a callable from float32 NCHW images to logits."""
+"""The runtimes an exported file is timed in: onnxruntime (always installed, run in this process) and OpenVINO
+(an optional extra: `pip install -e ".[openvino]"`), which always runs in a child process of its own
+(compress.deploy.openvino_child explains why)."""
 
 import importlib.util
+import os
+import tempfile
 
 import numpy as np
 
@@ -19,27 +22,35 @@ def default_runtimes():
     return [name for name in RUNTIMES if installed(name)]
 
 
-def session(name, path, threads=None):
-    """A callable running the ONNX file at `path` on the CPU in runtime `name` with `threads` threads."""
+def check(name, path):
+    """A clear error now for an unknown or missing runtime, or a file it cannot load."""
+    if name not in RUNTIMES:
+        raise InputError(f"unknown runtime '{name}'; choose one of {', '.join(RUNTIMES)}")
+    if not installed(name):
+        raise InputError(f"runtime {name} is not installed; pip install {name} (or pip install -e \".[{name}]\")")
     if name == "onnxruntime":
         from compress.deploy.onnx_model import OnnxModel
 
-        return OnnxModel(path, threads=threads, require_metadata=False)
-    if name != "openvino":
-        raise InputError(f"unknown runtime '{name}'; choose one of {', '.join(RUNTIMES)}")
-    if not installed("openvino"):
-        raise InputError("runtime openvino is not installed; pip install openvino (or pip install -e \".[openvino]\")")
-    import openvino as ov
+        OnnxModel(path, require_metadata=False)
+    else:
+        from compress.deploy.openvino_child import request
 
-    core = ov.Core()
-    config = {"PERFORMANCE_HINT": "LATENCY", **({"INFERENCE_NUM_THREADS": int(threads)} if threads else {})}
-    try:
-        compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
-    except RuntimeError as e:
-        raise InputError(f"OpenVINO cannot load '{path}' ({str(e).splitlines()[0][:200]})") from None
-    request, output = compiled.create_infer_request(), compiled.output(0)
+        request({"do": "check", "path": str(path)})
 
-    def run(batch):
-        return request.infer({0: np.ascontiguousarray(batch, dtype=np.float32)})[output]
 
-    return run
+def onnxruntime_session(path, threads=None):
+    """A callable running the ONNX file at `path` on the CPU in onnxruntime with `threads` threads."""
+    from compress.deploy.onnx_model import OnnxModel
+
+    return OnnxModel(path, threads=threads, require_metadata=False)
+
+
+def compare_in_openvino(paths, images, threads, rounds, warmup=2):
+    """compress.deploy.latency.compare_latency for files {name: path}, measured in an OpenVINO child process."""
+    from compress.deploy.openvino_child import request
+
+    with tempfile.TemporaryDirectory(prefix="compress-ov-") as tmp:
+        npy = os.path.join(tmp, "images.npy")
+        np.save(npy, np.ascontiguousarray(images, dtype=np.float32), allow_pickle=False)
+        return request({"do": "compare", "paths": {k: str(p) for k, p in paths.items()}, "images": npy,
+                        "threads": threads, "rounds": rounds, "warmup": warmup})

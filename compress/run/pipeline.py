@@ -6,7 +6,6 @@ Order of work: check everything that can be checked (config against the world, r
 decides and writes; the decision is broadcast so every rank does the same thing.
 """
 
-import contextlib
 import logging
 import logging.handlers
 import os
@@ -14,7 +13,7 @@ import time
 
 import yaml
 
-from compress.errors import CompressError, Interrupted
+from compress.errors import CompressError, Interrupted, StageFailed
 from compress.fileio import sha256_file
 from compress.run import preflight, schema
 from compress.run.config import ConfigView, read_yaml
@@ -41,8 +40,8 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
     run = RunDir(run_root)
     with interrupt.graceful_stop(), dist.process_group(cfg.train.device, cfg.train.threads) as env:
         saved = dist.on_main(env, _check_before_writing, cfg, run, stage_names, env.world)
-        with _run_lock(run, env), _log_file(run, env):
-            writer = _ConfigWriter(run, cfg, saved)
+        with _run_lock(run, env), _RunLog(run, env) as run_log:
+            writer = _ConfigWriter(run, cfg, saved, run_log)
             results = {}
             try:
                 for name in stage_names:
@@ -56,7 +55,7 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
                         continue
                     results[name] = _run_stage(run, cfg, env, STAGES[name], state, writer)
                 interrupt.stop_if_asked("after the last stage; every finished stage is saved", env)
-            except CompressError:
+            except (StageFailed, Interrupted):
                 if env.is_main and run.exists():  # the report tells the whole story: what ran, and what failed
                     _report_quietly(run)
                 raise
@@ -66,29 +65,50 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
     return results
 
 
-@contextlib.contextmanager
-def _log_file(run, env):
-    """Rank 0 appends every line of compress, and every warning of the libraries underneath, to the run's
-    log.txt (the terminal shows the library warnings only with -v); warnings raised before the run directory
-    could be written (model checks) were held back and go in first."""
-    if not env.is_main:
-        yield
-        return
-    handler = logging.FileHandler(run.path("log.txt"), encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    loggers = [logging.getLogger(name) for name in ("compress", "stages", "py.warnings")]
-    for logger in loggers:
-        for held in [h for h in logger.handlers if isinstance(h, logging.handlers.MemoryHandler)]:
-            held.setTarget(handler)
-            held.flush()
-            held.setTarget(None)
-        logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        for logger in loggers:
-            logger.removeHandler(handler)
-        handler.close()
+class _RunLog:
+    """Rank 0's run log: every line of compress, and every warning of the libraries underneath (the terminal
+    shows those only with -v), appended to the run's log.txt - but only once a stage begins writing, so a run
+    refused for bad input leaves every file as it was. Until then (and for warnings raised before the run
+    directory could be written: model checks) the lines wait in memory."""
+
+    NAMES = ("compress", "stages", "py.warnings")
+
+    def __init__(self, run, env):
+        self.run, self.env, self.file = run, env, None
+        self.held = logging.handlers.MemoryHandler(capacity=1_000_000, flushLevel=logging.CRITICAL + 1)
+        self.held.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+
+    def __enter__(self):
+        if self.env.is_main:
+            for logger in map(logging.getLogger, self.NAMES):
+                for early in [h for h in logger.handlers if isinstance(h, logging.handlers.MemoryHandler)]:
+                    early.setTarget(self.held)
+                    early.flush()
+                    early.setTarget(None)
+                    logger.removeHandler(early)
+                logger.addHandler(self.held)
+        return self
+
+    def begin(self):
+        """A stage is about to write: from now on the lines go to log.txt."""
+        if self.env.is_main and self.file is None:
+            self.file = logging.FileHandler(self.run.path("log.txt"), encoding="utf-8")
+            self.file.setFormatter(self.held.formatter)
+            self.held.setTarget(self.file)
+            self.held.flush()
+            for logger in map(logging.getLogger, self.NAMES):
+                logger.removeHandler(self.held)
+                logger.addHandler(self.file)
+
+    def __exit__(self, *exc):
+        for logger in map(logging.getLogger, self.NAMES):
+            for handler in (self.held, self.file):
+                if handler is not None:
+                    logger.removeHandler(handler)
+        if self.file is not None:
+            self.file.close()
+        self.held.setTarget(None)
+        self.held.close()
 
 
 def _report_quietly(run):
@@ -145,11 +165,12 @@ class _ConfigWriter:
     """config.yaml holds each stage's keys as that stage last ran them: a stage that runs saves its keys (and
     the `train` section); the other stages' entries stay as they were."""
 
-    def __init__(self, run, cfg, saved):
-        self.run, self.cfg = run, cfg
+    def __init__(self, run, cfg, saved, run_log):
+        self.run, self.cfg, self.run_log = run, cfg, run_log
         self.raw = saved if isinstance(saved, dict) else None
 
     def stage_began(self, spec):
+        self.run_log.begin()
         new = schema.to_dict(self.cfg)
         if self.raw is None:
             self.raw = new

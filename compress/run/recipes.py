@@ -31,11 +31,11 @@ def summary(name):
 def resolve(value):
     """(config file, note): `value` itself when it is a file; else the shipped recipe it names ('cifar10', or
     'configs/cifar10.yaml' from outside a clone). An InputError lists the recipes when it is neither."""
-    if value is None or os.path.isfile(os.path.expanduser(value)):
+    if value is None or os.path.exists(os.path.expanduser(value)):  # a folder is refused by name below
         return value, ""
     stem = os.path.splitext(os.path.basename(value))[0]
     found = path_of(stem) if stem and (value == stem or value.endswith((".yaml", ".yml"))) else None
     if found:
         return found, ("" if value == stem else f"{value} is not here; using the shipped recipe '{stem}'")
-    raise InputError(f"config '{value}' is neither a file nor a shipped recipe; pass a YAML file, or one of the "
-                     f"recipes: {', '.join(names())} (compress config --list)")
+    raise InputError(f"config file '{value}' not found, and it names no shipped recipe; pass an existing YAML file, "
+                     f"or one of the recipes: {', '.join(names())} (compress config --list)")
