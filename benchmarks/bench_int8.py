@@ -17,9 +17,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from compress import deploy  # noqa: E402
-from compress.config import load_config  # noqa: E402
-from compress.data import load_data  # noqa: E402
+from compress.data.datasets import load_data  # noqa: E402
+from compress.deploy.latency import compare_latency  # noqa: E402
+from compress.deploy.onnx_model import OnnxModel  # noqa: E402
+from compress.run.config import load_config  # noqa: E402
 
 
 def measure(run, rounds, reference=0):
@@ -37,8 +38,8 @@ def measure(run, rounds, reference=0):
     for batch in (1, 64):
         x = data.val.batch([i % len(data.val) for i in range(batch)]).x.numpy()
         for threads in (1, 2):
-            models = {k: deploy.OnnxModel(p, threads=threads, require_metadata=False) for k, p in paths.items()}
-            t = deploy.compare_latency(models, x, rounds=rounds)
+            models = {k: OnnxModel(p, threads=threads, require_metadata=False) for k, p in paths.items()}
+            t = compare_latency(models, x, rounds=rounds)
             row["latency"][f"b{batch}_t{threads}"] = {k: round(v["min_ms"], 3) for k, v in t.items()}
     if reference:
         import onnx
@@ -48,7 +49,7 @@ def measure(run, rounds, reference=0):
         row["reference_agreement"] = {}
         for k, p in paths.items():
             ref = ReferenceEvaluator(onnx.load(p)).run(None, {"input": x})[0]
-            ort = deploy.OnnxModel(p, require_metadata=False)(x)
+            ort = OnnxModel(p, require_metadata=False)(x)
             row["reference_agreement"][k] = {"images": len(x), "top1": float((ref.argmax(1) == ort.argmax(1)).mean())}
     return row
 

@@ -1,6 +1,6 @@
 """Memory layout: each model's training step and eval forward in the default (NCHW) layout against channels-last,
 side by side in one process, interleaved rounds, median per image. This is why the teacher and distill stages
-train in channels-last (`compress.train.Precision.for_run`); QAT keeps the default layout.
+train in channels-last (`compress.training.precision.Precision.for_run`); QAT keeps the default layout.
 
     python benchmarks/bench_layout.py                 # the built-in models at the sizes the configs use
     python benchmarks/bench_layout.py --rounds 10
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from compress.models import build_model  # noqa: E402
+from compress.models.registry import build_model  # noqa: E402
 
 CASES = [("compact_cnn", (1, 28, 28), 64), ("resnet14", (1, 28, 28), 64),  # the default (mnist5k) pair
          ("compact_cnn", (3, 32, 32), 128), ("resnet14", (3, 32, 32), 128),  # configs/cifar10.yaml

@@ -4,8 +4,8 @@ run recorded in its metrics.
 
     python benchmarks/bench_loader.py RUN_DIR [--workers 0,2] [--batches 60]
 
-The loader is read exactly as the teacher/distill stages read it (compress.data.train_loader), one process,
-the run's own config.
+The loader is read exactly as the teacher stage reads it (compress.data.sampling.train_loader over the training
+split with teacher.mix), one process, the run's own config.
 """
 
 import argparse
@@ -17,12 +17,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from compress.config import load_config  # noqa: E402
-from compress.data import load_data, train_loader  # noqa: E402
+from compress.data.datasets import load_data  # noqa: E402
+from compress.data.sampling import train_loader  # noqa: E402
+from compress.run.config import load_config  # noqa: E402
 
 
-def loader_rate(data, batch, seed, workers, batches):
-    loader = train_loader(data.train, batch, 0, 1, seed, num_workers=workers)
+def loader_rate(train_set, batch, seed, workers, batches):
+    loader = train_loader(train_set, batch, 0, 1, seed, num_workers=workers)
     loader.sampler.set_epoch(1)
     it = iter(loader)
     next(it)  # workers started, first batch out
@@ -46,8 +47,9 @@ def main():
     steps = {s: stages[s]["metrics"].get("images_per_s") for s in ("teacher", "distill", "qat") if s in stages}
     print("training step (from the run's metrics, last epoch): " + ", ".join(f"{s} {v:.0f} images/s"
                                                                              for s, v in steps.items() if v))
+    train_set = data.train.with_augment(mix=cfg.teacher.mix, mix_alpha=cfg.teacher.mix_alpha)
     for workers in (int(w) for w in args.workers.split(",")):
-        rate = loader_rate(data, cfg.teacher.batch_size, cfg.seed, workers, args.batches)
+        rate = loader_rate(train_set, cfg.teacher.batch_size, cfg.seed, workers, args.batches)
         ratios = ", ".join(f"{rate / v:.1f}x {s}" for s, v in steps.items() if v)
         print(f"loader alone, {workers} worker(s): {rate:.0f} images/s ({ratios})")
 

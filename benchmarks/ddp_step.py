@@ -17,8 +17,8 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from compress import quant  # noqa: E402
-from compress.models import build_model  # noqa: E402
+from compress.models.registry import build_model  # noqa: E402
+from compress.quant import fx  # noqa: E402
 
 
 def time_steps(ddp, optimizer, x, y, steps, sync):
@@ -51,7 +51,7 @@ def main():
         model = build_model(name, (1, 28, 28), 10)
         inputs = x
         if qat:
-            model = quant.prepare(model, x[:2])
+            model = fx.prepare(model, x[:2])
         else:  # the teacher and distill stages train in channels-last; QAT in the default layout
             model = model.to(memory_format=torch.channels_last)
             inputs = x.contiguous(memory_format=torch.channels_last)

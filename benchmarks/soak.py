@@ -2,9 +2,11 @@
 ONNX files are byte-identical to an uninterrupted run.
 
 Each round starts `compress run` on a run directory that carries the previous round's partial state, sleeps a
-random time, sends SIGKILL (anywhere: training, evaluation, teacher caching, a checkpoint write, export),
-then the next round continues on the same directory. After the kills, one final run completes the pipeline,
-and the outputs are compared with a reference run. Repeat `--trials` times.
+random time, sends SIGKILL (anywhere: training, evaluation, building the distill stage's on-disk teacher-output
+store, a checkpoint write, export), then the next round continues on the same directory. After the kills, one
+final run completes the pipeline, and the outputs are compared with a reference run. Repeat `--trials` times.
+The in-memory teacher view cache it used to kill is gone (the distill stage now builds an on-disk store), and the
+export stage's model.ptq.onnx is compared too when the reference run wrote one.
 
     python benchmarks/soak.py --kills 20                      # configs/digits-quick.yaml, ~5 minutes
     python benchmarks/soak.py --kills 20 --set teacher.epochs=8 --set distill.epochs=8 --set qat.epochs=4 \
@@ -25,7 +27,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPARED = ("teacher/model.safetensors", "distill/model.safetensors", "qat/qat.safetensors",
-            "export/model.fp32.onnx", "export/model.int8.onnx")
+            "export/model.fp32.onnx", "export/model.int8.onnx", "export/model.ptq.onnx")
 
 
 def compress(args):
@@ -43,8 +45,11 @@ def finish(args):
 
 
 def read(path):
-    with open(path, "rb") as f:
-        return f.read()
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
 
 
 def main():
@@ -63,6 +68,7 @@ def main():
         base = ["-c", args.config, *[a for kv in args.set for a in ("--set", kv)]]
         finish(["run", *base, "--run-dir", reference])
         duration = time.perf_counter() - start
+        compared = [rel for rel in COMPARED if os.path.isfile(os.path.join(reference, rel))]  # ptq: export.ptq
         print(f"reference run: {duration:.1f}s; kill seed {seed}", flush=True)
         trials, identical, kills, resumed = 0, 0, 0, 0
         while kills < args.kills:
@@ -88,23 +94,24 @@ def main():
             for i, event in enumerate(events):
                 if event is None:
                     continue
-                nxt = logs[i + 1]
-                resumed += "resuming" in nxt
-                after = "resumed " + RESUME.search(nxt).group(1) if "resuming" in nxt else "nothing to resume"
+                found = RESUME.search(logs[i + 1])
+                resumed += found is not None
+                after = "resumed " + found.group(1) if found else "nothing to resume"
                 notes.append(f"{event[0]:.1f}s into a run, during {event[1]} -> {after}")
-            same = [rel for rel in COMPARED if read(os.path.join(reference, rel)) == read(os.path.join(run, rel))]
-            ok = len(same) == len(COMPARED)
+            same = [rel for rel in compared if read(os.path.join(reference, rel)) == read(os.path.join(run, rel))]
+            ok = len(same) == len(compared)
             identical += ok
-            verdict = "identical" if ok else "DIFFERENT: " + ", ".join(sorted(set(COMPARED) - set(same)))
+            verdict = "identical" if ok else "DIFFERENT: " + ", ".join(sorted(set(compared) - set(same)))
             print(f"trial {trials}: {'; '.join(notes) or 'no kill landed'}; {verdict}", flush=True)
             shutil.rmtree(run)
-        print(f"\n{kills} kills in {trials} trials ({resumed} continued from a resume checkpoint): {identical} of "
-              f"{trials} trials ended byte-identical to the uninterrupted run")
+        print(f"\n{kills} kills in {trials} trials ({resumed} continued from a resume checkpoint or a part-built "
+              f"store): {identical} of {trials} trials ended byte-identical to the uninterrupted run")
         sys.exit(0 if identical == trials else 1)
 
 
 STAGE_LINE = re.compile(r"^\S+ (teacher|distill|qat|export): (.*)$")
-RESUME = re.compile(r"(\w+: resuming the interrupted run [^\n]*)")
+# a stage's resume checkpoint, or the distill stage's teacher-output store, whose build continues where it stopped
+RESUME = re.compile(r"(\w+: resuming the interrupted run [^\n]*|distill: teacher outputs: resuming the build [^\n]*)")
 
 
 def doing(stderr):

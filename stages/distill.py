@@ -149,8 +149,10 @@ def run(ctx):
         log.warning("distill: the teacher (%.2f%%) is below the student trained alone (%.2f%%): it has less to teach "
                     "than the labels; a stronger teacher (more teacher.epochs, a larger model.teacher) will help more "
                     "than any distillation setting", teacher_acc, baseline["val_acc"])
-    return _result(cfg, history[-1], baseline, teacher_acc, student, teacher, replicas, precision, teacher_outputs,
-                   labelled, len(train_set) - len(labelled))
+    result = _result(cfg, history[-1], baseline, teacher_acc, student, teacher, replicas, precision, teacher_outputs,
+                     labelled, len(train_set) - len(labelled))
+    result.metrics["peak_rss_mb"] = dist.peak_rss_mb(env)  # per process: the store is memory-mapped, not copied
+    return result
 
 
 def _warn_if_the_teacher_cannot_teach(env, accuracy, classes):

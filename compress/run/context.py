@@ -80,7 +80,12 @@ class StageContext:
                 eval_loader(val_set, t.eval_batch_size, env.rank, env.world, t.num_workers, pin))
 
     def precision(self):
-        return Precision.for_run(self.cfg.train.precision, self.env.device)
+        """The training precision train.precision asks for on this hardware, said once in the log."""
+        precision = Precision.for_run(self.cfg.train.precision, self.env.device)
+        if self.env.is_main:
+            log.info("%s: trains in %s (%s)", self.stage, precision.name if precision.dtype is None else
+                     f"{precision.name} autocast", precision.reason)
+        return precision
 
     def session(self, modules, optimizer, steps_per_epoch, epochs, part="", precision=FP32, extra=None):
         """The loop's Session for one part of this stage: restored from its resume checkpoint when the state

@@ -252,6 +252,14 @@ def check_replicas(env, module, what, buffers=True):
     return True
 
 
+def peak_rss_mb(env):
+    """Every rank's peak resident memory so far (MB), in rank order."""
+    import resource
+
+    mine = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
+    return [round(float(t.item()), 1) for t in all_gather_tensor(env, mine)]
+
+
 def per_rank_batch(global_batch, env, key):
     """The global batch size split evenly over the processes."""
     if global_batch % env.world:
