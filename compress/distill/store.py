@@ -348,7 +348,8 @@ class TeacherOutputStore:
 
     def lookup(self, indices, views, device):
         """{"logits": float32 (B, classes)[, "cosine": float32 (B, width)]} for samples `indices` in `views`."""
-        indices, views = np.asarray(indices, dtype=np.int64), np.asarray(views, dtype=np.int64)
+        indices = torch.as_tensor(indices).cpu().numpy().astype(np.int64)  # a batch on the GPU: its indices too
+        views = torch.as_tensor(views).cpu().numpy().astype(np.int64)
         rows = indices % self.spec.rows_per_chunk
         chunk = views * self.spec.blocks + indices // self.spec.rows_per_chunk
         names = self._templates()
