@@ -5,8 +5,9 @@ method and schedule that shares its key (grouped so a store is never rebuilt).
 Cells (3 seeds each unless --seeds): the student trained alone (distill.baseline, same views) and Hinton KD,
 DKD, DIST, standardized KD at the short and the long schedule; standardized KD with mixup and with cutmix at the
 long schedule (each with its own alone-with-the-same-mixing baseline); standardized KD with unlabelled images;
-standardized KD with top-k stores (k = 3, 5 of 10 classes); then QAT + export of the best long-schedule student
-(first seed). Results go to a JSON-lines file as they come (rerunning skips cells already there).
+standardized KD with top-k stores (k = 3, 5 of 10 classes); QAT + export (with the PTQ file) of the best
+long-schedule student of each seed, right after its cell. The longest cells (unlabelled images and mixing at the
+long schedule) run last. Results go to a JSON-lines file as they come (rerunning skips cells already there).
 
     python benchmarks/bench_kd_table.py --config configs/cifar10.yaml --set data.root=../shared/data/cifar10-dev \
         --unlabeled ../shared/data/cifar10-unlabeled --work /tmp/kdtable --out benchmarks/results/kd_table.jsonl
@@ -37,19 +38,23 @@ def cells(args):
             for seed in args.seeds:
                 for i, method in enumerate(names):
                     out.append((group, method, epochs, seed, METHODS[method] + extra, i == 0))
-    for mix in ("mixup", "cutmix"):
-        for seed in args.seeds:
-            out.append((mix, f"standardized+{mix}", args.long, seed, METHODS["standardized"] + [f"distill.mix={mix}"],
-                        True))
     if args.unlabeled:
-        for epochs in (args.unlabeled_epochs, args.long):
-            for seed in args.seeds:
-                out.append(("unlabeled", "standardized+unlabeled", epochs, seed,
-                            METHODS["standardized"] + [f"data.unlabeled={args.unlabeled}"], True))
+        for seed in args.seeds:
+            out.append(("unlabeled", "standardized+unlabeled", args.unlabeled_epochs, seed,
+                        METHODS["standardized"] + [f"data.unlabeled={args.unlabeled}"], True))
     for k in (3, 5):
         for seed in args.seeds:
             out.append((f"top{k}", f"standardized top-{k}", args.short, seed,
                         METHODS["standardized"] + [f"distill.store.top_k={k}"], False))
+    # the longest cells last: a table cut short still has every cell above
+    if args.unlabeled and args.unlabeled_epochs != args.long:
+        for seed in args.seeds:
+            out.append(("unlabeled", "standardized+unlabeled", args.long, seed,
+                        METHODS["standardized"] + [f"data.unlabeled={args.unlabeled}"], True))
+    for mix in ("mixup", "cutmix"):
+        for seed in args.seeds:
+            out.append((mix, f"standardized+{mix}", args.long, seed, METHODS["standardized"] + [f"distill.mix={mix}"],
+                        True))
     return out
 
 
@@ -107,12 +112,13 @@ def run(args):
                           "teacher": m["teacher_val_acc"], "images_per_s": m["images_per_s"],
                           "store": m["teacher_outputs"].get("status"), "teacher_outputs": m["teacher_outputs"],
                           "overrides": full})
-        if key == args.export_key:
+        if key in args.export_keys:
             manifest, wall = compress(args, "qat,export", full)
             e, q = manifest["export"]["metrics"], manifest["qat"]["metrics"]
             record(args.out, {"key": f"export {key}", "float": m["val_acc"], "qat_int8": q["int8_acc"],
                               "fp32_onnx": e["fp32_onnx_acc"], "int8_onnx": e["int8_onnx_acc"],
-                              "int8_speedup": e["int8_speedup"], "wall_s": wall})
+                              "ptq_onnx": e.get("ptq_onnx_acc"), "int8_speedup": e["int8_speedup"],
+                              "deploy": e.get("deploy"), "wall_s": wall, "metrics": {"qat": q, "export": e}})
 
 
 def mean_std(values):
@@ -147,10 +153,22 @@ def summary(path):
         gain = f"{m - mean_std(base)[0]:+.2f}" if base else "-"
         print(f"| {name} | {epochs} | {m:.2f} ± {s:.2f} | {gain} | {len(accs)} | "
               f"{', '.join(f'{a:.2f}' for a in accs)} |")
-    for r in rows:
-        if r["key"].startswith("export"):
-            print(f"\n{r['key']}: float {r['float']:.2f}%, QAT int8 {r['qat_int8']:.2f}%, "
-                  f"fp32 ONNX {r['fp32_onnx']:.2f}%, int8 ONNX {r['int8_onnx']:.2f}% ({r['int8_speedup']:.2f}x fp32)")
+    exports = [r for r in rows if r["key"].startswith("export")]
+    if exports:
+        print("\n| exported student | float (PyTorch) | fp32 ONNX | QAT int8 ONNX | PTQ int8 ONNX | QAT - PTQ | "
+              "int8 - float | int8 / fp32 speed | deploys |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in exports:
+        ptq = r.get("ptq_onnx")
+        ptq_text, gap = ("-", "-") if ptq is None else (f"{ptq:.2f}", f"{r['int8_onnx'] - ptq:+.2f}")
+        print(f"| {r['key'][7:]} | {r['float']:.2f} | {r['fp32_onnx']:.2f} | {r['int8_onnx']:.2f} | {ptq_text} | "
+              f"{gap} | {r['int8_onnx'] - r['float']:+.2f} | {r['int8_speedup']:.2f}x | {r.get('deploy', '-')} |")
+    with_ptq = [r for r in exports if r.get("ptq_onnx") is not None]
+    if len(with_ptq) > 1:
+        m, s = mean_std([r["int8_onnx"] - r["ptq_onnx"] for r in with_ptq])
+        d, e = mean_std([r["int8_onnx"] - r["float"] for r in with_ptq])
+        print(f"\nQAT int8 - PTQ int8: {m:+.2f} ± {s:.2f} points; QAT int8 - float: {d:+.2f} ± {e:.2f} points "
+              f"({len(with_ptq)} seeds)")
 
 
 def main():
@@ -162,7 +180,8 @@ def main():
     p.add_argument("--short", type=int, default=40)
     p.add_argument("--long", type=int, default=160)
     p.add_argument("--unlabeled-epochs", type=int, default=80, help="a second schedule for the unlabelled cells")
-    p.add_argument("--export-key", default="standardized@160/s0", help="the cell whose student goes through QAT+export")
+    p.add_argument("--export-keys", default="standardized@160/s0,standardized@160/s1,standardized@160/s2",
+                   type=lambda s: s.split(","), help="the cells whose students go through QAT+export (comma-separated)")
     p.add_argument("--work", help="the run directory shared by every cell")
     p.add_argument("--code", help="run the compress package found in this folder (a frozen copy of compress/ and "
                                   "stages/) instead of the installed one")
