@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from compress.training.checkpoint import read_weights
+from compress.training.precision import cpu_bf16_support
 from conftest import FAULTS, compress_subprocess
 
 CENSUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "thread_census")
@@ -49,6 +50,9 @@ def test_two_processes_run_the_pipeline_with_identical_replicas(finished_run, dd
     assert manifest["teacher"]["metrics"]["replicas_identical"] is True
     assert manifest["distill"]["metrics"]["replicas_identical"] is True  # hint regressor included
     assert manifest["qat"]["metrics"]["buffers_identical"] is True
+    # in bf16 autocast where the CPU computes bf16 natively (train.precision: auto), fp32 elsewhere
+    for stage in ("teacher", "distill"):
+        assert manifest[stage]["metrics"]["precision"] == ("bf16" if cpu_bf16_support() else "fp32"), stage
     for rel in ("teacher/model.safetensors", "distill/model.safetensors", "qat/qat.safetensors"):
         tensors, _ = read_weights(run / rel)
         assert not any(k.startswith("module.") for k in tensors), rel

@@ -90,10 +90,14 @@ def test_train_one_epoch_runs_on_any_iterable_of_batches():
     assert sums["images"] == 32 and sums["loss"] > 0
 
 
-def test_resuming_from_a_mid_epoch_point_gives_the_uninterrupted_weights():
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_resuming_from_a_mid_epoch_point_gives_the_uninterrupted_weights(precision):
     """Data order from (seed, epoch), learning rate from the step, RNG (dropout) reseeded every step: a run
-    continued from the state saved after step 3 of epoch 2 ends bit-identical to the run that never stopped."""
+    continued from the state saved after step 3 of epoch 2 ends bit-identical to the run that never stopped -
+    in fp32 and under bf16 autocast (forced here, so it is checked on every CPU, native bf16 or not)."""
     import copy
+
+    from compress.training.precision import Precision
 
     data = tiny_data()
     captured = {}
@@ -101,7 +105,8 @@ def test_resuming_from_a_mid_epoch_point_gives_the_uninterrupted_weights():
     def train(model, optimizer, resume, save=None):
         loader = train_loader(data, 16, 0, 1, seed=3)
         schedule = Schedule("cosine", 0.3, 3, len(loader), warmup_epochs=0.5)
-        session = Session(name="tiny", seed_key=(3, "tiny"), resume=resume, save=save, save_every=3)
+        session = Session(name="tiny", seed_key=(3, "tiny"), resume=resume, save=save, save_every=3,
+                          precision=Precision.for_run(precision, torch.device("cpu")))
         fit(model, ce(model), optimizer, loader, schedule, lambda e: {"val_acc": 0.0}, session)
         return model
 
@@ -122,7 +127,9 @@ def test_resuming_from_a_mid_epoch_point_gives_the_uninterrupted_weights():
     resumed_optimizer.load_state_dict(captured["optimizer"])
     resumed = train(resumed_model, resumed_optimizer, captured["point"])
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
+        assert a.dtype == torch.float32  # autocast computes in bf16; the weights stay fp32
         assert torch.equal(a, b)
+    assert not torch.equal(straight[1].weight, tiny_model()[1].weight), "nothing was trained"
 
 
 def distill_setup(*overrides):

@@ -8,6 +8,7 @@ import signal
 import torch
 
 from compress.training.checkpoint import read_metadata, read_weights
+from compress.training.precision import cpu_bf16_support
 from conftest import compress_subprocess, fault_subprocess, random_seed
 
 FILES = {"teacher": "teacher/model.safetensors", "distill": "distill/model.safetensors", "qat": "qat/qat.safetensors"}
@@ -51,6 +52,11 @@ def test_kill_9_in_each_training_stage_then_resume_is_bit_identical(finished_run
         if epoch == 1:
             assert f"{stage}: resuming" in outputs[i + 1], f"[{where}] {stage} did not resume: {outputs[i + 1]}"
     assert_identical(finished_run, run, FILES)
+    # train.precision: auto - bf16 autocast on a CPU with native bf16 (as on the machines this was built on),
+    # so there this test is the kill -9 test under bf16; QAT trains in fp32 always
+    stages = json.loads((run / "manifest.json").read_text())["stages"]
+    for stage in ("teacher", "distill"):
+        assert stages[stage]["metrics"]["precision"] == ("bf16" if cpu_bf16_support() else "fp32"), stage
 
 
 def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_run, tiny_config, tmp_path):
