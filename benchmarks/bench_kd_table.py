@@ -101,19 +101,21 @@ def run(args):
                           "metrics": m})
     for group, name, epochs, seed, overrides, baseline in cells(args):
         key = f"{name}@{epochs}/s{seed}"
-        if key in finished:
-            continue
         full = [f"seed={seed}", f"distill.epochs={epochs}", f"distill.baseline={'true' if baseline else 'false'}",
                 *overrides]
-        manifest, wall = compress(args, "distill", full)
-        m = manifest["distill"]["metrics"]
-        record(args.out, {"key": key, "group": group, "name": name, "epochs": epochs, "seed": seed,
-                          "val_acc": m["val_acc"], "alone": m.get("baseline_val_acc"), "wall_s": wall,
-                          "teacher": m["teacher_val_acc"], "images_per_s": m["images_per_s"],
-                          "store": m["teacher_outputs"].get("status"), "teacher_outputs": m["teacher_outputs"],
-                          "overrides": full})
-        if key in args.export_keys:
-            manifest, wall = compress(args, "qat,export", full)
+        if key not in finished:
+            manifest, wall = compress(args, "distill", full)
+            m = manifest["distill"]["metrics"]
+            record(args.out, {"key": key, "group": group, "name": name, "epochs": epochs, "seed": seed,
+                              "val_acc": m["val_acc"], "alone": m.get("baseline_val_acc"), "wall_s": wall,
+                              "teacher": m["teacher_val_acc"], "images_per_s": m["images_per_s"],
+                              "store": m["teacher_outputs"].get("status"), "teacher_outputs": m["teacher_outputs"],
+                              "overrides": full})
+        if key in args.export_keys and f"export {key}" not in finished:
+            # "distill" is listed so a cell recorded earlier (a table that was interrupted between a cell and its
+            # export) is retrained if the run directory has moved on; when it has not, the stage is found done
+            manifest, wall = compress(args, "distill,qat,export", full)
+            m = manifest["distill"]["metrics"]
             e, q = manifest["export"]["metrics"], manifest["qat"]["metrics"]
             record(args.out, {"key": f"export {key}", "float": m["val_acc"], "qat_int8": q["int8_acc"],
                               "fp32_onnx": e["fp32_onnx_acc"], "int8_onnx": e["int8_onnx_acc"],

@@ -1,6 +1,7 @@
 """qat: quantization-aware fine-tuning of the float model (prepare_qat_fx -> DDP -> convert_fx), with an
 accuracy budget against the float model."""
 
+import copy
 import logging
 import math
 import os
@@ -10,6 +11,7 @@ import torch
 from compress.data.datasets import load_data
 from compress.data.sampling import eval_loader
 from compress.deploy.latency import speedup_text
+from compress.distill.logit_losses import hinton
 from compress.errors import StageFailed
 from compress.models.registry import build_model, count_parameters
 from compress.quant import fx, mixed_precision
@@ -47,6 +49,7 @@ def run(ctx):
     loader, val = ctx.loaders(data.train, data.val, q.batch_size, "qat.batch_size")
     full_val = eval_loader(data.val, cfg.train.eval_batch_size, 0, 1)
     float_acc = evaluate(float_model.to(env.device), val, env)["val_acc"]  # before prepare: it edits modules
+    reference = _frozen_copy(float_model) if q.kd_weight else None  # the float model QAT distils from
 
     example = data.val.batch([0, 1]).x
     float_layers, figures = dist.on_main(env, choose_float_layers, ctx, float_model.cpu(), data)
@@ -69,7 +72,16 @@ def run(ctx):
         return {**fake, "int8_acc": int8_acc}
 
     def loss_fn(batch, step):
-        return label_loss(ddp_model(batch.x), batch, q.label_smoothing), {}
+        logits = ddp_model(batch.x)
+        terms = {}
+        if q.ce_weight:
+            terms["ce"] = (q.ce_weight, label_loss(logits, batch, q.label_smoothing))
+        if q.kd_weight:
+            with torch.no_grad():
+                target = reference(batch.x)
+            terms["kd"] = (q.kd_weight, hinton(logits, target, q.kd_temperature))
+        total = sum(w * value for w, value in terms.values())
+        return total, {k: value.item() for k, (_, value) in terms.items()}
 
     optimizer = build_optimizer(prepared.parameters(), q)
     schedule = Schedule.from_config(q, loader.sampler.batches_per_epoch)
@@ -96,6 +108,15 @@ def run(ctx):
     over = metrics["accuracy_drop"] > q.max_accuracy_drop
     dist.fail_if(env, over, _budget_message(ctx, metrics, q, data.num_classes) if over else "")
     return StageResult(metrics, list(OUTPUTS.values()), summary)
+
+
+def _frozen_copy(model):
+    """An eval-mode copy of the float model, with no gradients: the target QAT's distillation term keeps the
+    fake-quant model close to (prepare edits the original's modules in place)."""
+    reference = copy.deepcopy(model).eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    return reference
 
 
 def _budget_message(ctx, m, q, classes):

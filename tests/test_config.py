@@ -44,6 +44,13 @@ def test_range_checks_of_a_section_are_all_reported():
     assert {p.split(":")[0] for p in info.value.problems} == {"teacher.lr", "teacher.batch_size", "export.opset"}
 
 
+def test_qat_needs_a_loss():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["qat.ce_weight=0", "qat.kd_weight=0", "qat.kd_temperature=0"])
+    assert {p.split(":")[0] for p in info.value.problems} == {"qat.ce_weight, kd_weight", "qat.kd_temperature"}
+    assert load_config(None, ["qat.ce_weight=0"]).qat.kd_weight == 1.0  # distillation from the float model alone
+
+
 def test_overrides_are_parsed_as_yaml_values():
     cfg = load_config(None, ["teacher.epochs=7", "distill.kd.temperature=4", "data.mean=[0.5]", "data.std=[0.25]",
                              "qat.per_channel=false", "teacher.lr=3e-4"])

@@ -49,6 +49,7 @@ def test_metrics_hold_every_epoch_and_every_loss_term(finished_run):
     assert {"train_ce", "train_kd", "train_hint", "val_acc", "images_per_s"} <= set(epochs[0])
     qat = json.loads((finished_run / "qat" / "metrics.json").read_text())["epochs"]
     assert all("int8_acc" in e and "val_acc" in e for e in qat)
+    assert all({"train_ce", "train_kd"} <= set(e) for e in qat)  # labels + distillation from the float model
 
 
 def test_rerun_skips_everything_and_changes_nothing(run_copy):

@@ -347,9 +347,17 @@ class QATConfig(OptimConfig):
     freeze_observers_after: int = _f(1, "stop updating quantization ranges after this many epochs")
     freeze_bn_after: int = _f(1, "freeze batch-norm statistics after this many epochs")
     max_accuracy_drop: float = _f(1.0, "fail the stage if int8 accuracy is more than this many points below float")
+    ce_weight: float = _f(1.0, "weight of the cross-entropy on labels")
+    kd_weight: float = _f(1.0, "weight of distillation from the float model being quantized (frozen, run on every "
+                               "batch): T^2 KL(softmax(float/T) || softmax(fake-quant/T)); it keeps what distillation "
+                               "taught, which labels alone pull away from; 0: labels only")
+    kd_temperature: float = _f(1.0, "temperature T of qat.kd_weight's distillation")
 
     def __post_init__(self):
         problems_if(self._optim_checks() + [
+            (self.ce_weight < 0 or self.kd_weight < 0 or self.ce_weight + self.kd_weight <= 0,
+             f"ce_weight, kd_weight: must be >= 0 and not both 0, got {self.ce_weight} and {self.kd_weight}"),
+            (not self.kd_temperature > 0, f"kd_temperature: must be > 0, got {self.kd_temperature}"),
             (outside(self.freeze_observers_after, 1, 100_000),
              f"freeze_observers_after: must be >= 1 (observers need one epoch to learn ranges), got "
              f"{self.freeze_observers_after}"),
