@@ -53,8 +53,8 @@ def main():
               f"{rows[world]['store_build_s']} s, {rows[world]['images_per_s']:.0f} images/s, val acc "
               f"{m['val_acc']:.2f}%", flush=True)
     same_store = rows[1]["store_chunks"] == rows[2]["store_chunks"]
-    print(f"\n| processes | peak RSS per process (MB) | store on disk (MB) | store build (s) | training images/s | "
-          f"val acc |\n|---:|---|---:|---:|---:|---:|")
+    print("\n| processes | peak RSS per process (MB) | store on disk (MB) | store build (s) | training images/s | "
+          "val acc |\n|---:|---|---:|---:|---:|---:|")
     for world, r in rows.items():
         print(f"| {world} | {', '.join(f'{x:.0f}' for x in r['peak_rss_mb'])} | {r['store_mb']} | "
               f"{r['store_build_s']} | {r['images_per_s']:.0f} | {r['val_acc']:.2f} |")

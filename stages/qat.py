@@ -71,23 +71,12 @@ def run(ctx):
         int8_acc = dist.on_main(env, lambda: evaluate(fx.convert(prepared), full_val, DistEnv())["val_acc"])
         return {**fake, "int8_acc": int8_acc}
 
-    def loss_fn(batch, step):
-        logits = ddp_model(batch.x)
-        terms = {}
-        if q.ce_weight:
-            terms["ce"] = (q.ce_weight, label_loss(logits, batch, q.label_smoothing))
-        if q.kd_weight:
-            with torch.no_grad():
-                target = reference(batch.x)
-            terms["kd"] = (q.kd_weight, hinton(logits, target, q.kd_temperature))
-        total = sum(w * value for w, value in terms.values())
-        return total, {k: value.item() for k, (_, value) in terms.items()}
-
     optimizer = build_optimizer(prepared.parameters(), q)
     schedule = Schedule.from_config(q, loader.sampler.batches_per_epoch)
     session = ctx.session({"model": prepared}, optimizer, schedule.steps_per_epoch, q.epochs,
                           extra={"float_layers": float_layers, "mixed_precision": figures})
-    history = fit(ddp_model, loss_fn, optimizer, loader, schedule, evaluate_fn, session, on_epoch_start)
+    history = fit(ddp_model, make_loss(q, ddp_model, reference), optimizer, loader, schedule, evaluate_fn, session,
+                  on_epoch_start)
     replicas = dist.check_replicas(env, prepared, "qat")  # buffers too: observers and BN statistics are frozen
     final = history[-1]
     qconfig = fx.describe_qconfig(q, float_layers)
@@ -108,6 +97,25 @@ def run(ctx):
     over = metrics["accuracy_drop"] > q.max_accuracy_drop
     dist.fail_if(env, over, _budget_message(ctx, metrics, q, data.num_classes) if over else "")
     return StageResult(metrics, list(OUTPUTS.values()), summary)
+
+
+def make_loss(q, model, reference):
+    """loss(batch, step) -> (total, {term: value}): qat.ce_weight x cross-entropy on the labels plus
+    qat.kd_weight x Hinton KD from `reference`, the frozen float model (None when qat.kd_weight is 0)."""
+
+    def loss_fn(batch, step):
+        logits = model(batch.x)
+        terms = {}
+        if q.ce_weight:
+            terms["ce"] = (q.ce_weight, label_loss(logits, batch, q.label_smoothing))
+        if q.kd_weight:
+            with torch.no_grad():
+                target = reference(batch.x)
+            terms["kd"] = (q.kd_weight, hinton(logits, target, q.kd_temperature))
+        total = sum(w * value for w, value in terms.values())
+        return total, {k: value.item() for k, (_, value) in terms.items()}
+
+    return loss_fn
 
 
 def _frozen_copy(model):

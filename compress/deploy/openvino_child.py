@@ -61,7 +61,7 @@ def _session(path, threads):
 
 
 def _serve(req):
-    from compress.deploy.latency import compare_latency, median_ms
+    from compress.deploy.timing import compare_latency, median_ms
 
     if req["do"] == "check":
         _session(req["path"], 1)
