@@ -38,6 +38,7 @@ def main():
     p.add_argument("--json")
     args = p.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant)
+    os.makedirs(args.work, exist_ok=True)
     times = {label: [] for label in variants}
     for r in range(args.rounds):
         order = list(variants) if r % 2 == 0 else list(variants)[::-1]

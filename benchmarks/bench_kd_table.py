@@ -38,14 +38,14 @@ def cells(args):
             for seed in args.seeds:
                 for i, method in enumerate(names):
                     out.append((group, method, epochs, seed, METHODS[method] + extra, i == 0))
-    if args.unlabeled:
-        for seed in args.seeds:
-            out.append(("unlabeled", "standardized+unlabeled", args.unlabeled_epochs, seed,
-                        METHODS["standardized"] + [f"data.unlabeled={args.unlabeled}"], True))
     for k in (3, 5):
         for seed in args.seeds:
             out.append((f"top{k}", f"standardized top-{k}", args.short, seed,
                         METHODS["standardized"] + [f"distill.store.top_k={k}"], False))
+    if args.unlabeled:
+        for seed in args.seeds:
+            out.append(("unlabeled", "standardized+unlabeled", args.unlabeled_epochs, seed,
+                        METHODS["standardized"] + [f"data.unlabeled={args.unlabeled}"], True))
     # the longest cells last: a table cut short still has every cell above
     if args.unlabeled and args.unlabeled_epochs != args.long:
         for seed in args.seeds:
@@ -101,6 +101,8 @@ def run(args):
                           "metrics": m})
     for group, name, epochs, seed, overrides, baseline in cells(args):
         key = f"{name}@{epochs}/s{seed}"
+        if key in args.skip:
+            continue
         full = [f"seed={seed}", f"distill.epochs={epochs}", f"distill.baseline={'true' if baseline else 'false'}",
                 *overrides]
         if key not in finished:
@@ -184,6 +186,7 @@ def main():
     p.add_argument("--unlabeled-epochs", type=int, default=80, help="a second schedule for the unlabelled cells")
     p.add_argument("--export-keys", default="standardized@160/s0,standardized@160/s1,standardized@160/s2",
                    type=lambda s: s.split(","), help="the cells whose students go through QAT+export (comma-separated)")
+    p.add_argument("--skip", default=[], type=lambda s: s.split(","), help="cells to leave out (comma-separated keys)")
     p.add_argument("--work", help="the run directory shared by every cell")
     p.add_argument("--code", help="run the compress package found in this folder (a frozen copy of compress/ and "
                                   "stages/) instead of the installed one")
