@@ -41,9 +41,11 @@ METHODS = {"hinton": ["distill.kd.method=hinton", "distill.ce_weight=0.1", "dist
            "standardized": ["distill.kd.method=standardized", "distill.ce_weight=0.1", "distill.kd.weight=9.0"]}
 
 
-def compress(args, run_dir, stages, overrides):
+def compress(args, run_dir, stages, overrides, extra=()):
+    """`compress run` of the installed package (`extra`: more command-line options, e.g. --nproc-per-node);
+    returns the manifest's stages."""
     cmd = [os.path.join(os.path.dirname(sys.executable), "compress"), "run", "--run-dir", run_dir, "--stages",
-           stages, "--set", "train.progress=false"]
+           stages, "--set", "train.progress=false", *extra]
     cmd += (["-c", args.config] if args.config else []) + [a for o in [*args.set, *overrides] for a in ("--set", o)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:

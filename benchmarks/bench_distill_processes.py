@@ -17,12 +17,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_distill import METHODS, copy_teacher  # noqa: E402
+from bench_distill import METHODS, compress, copy_teacher  # noqa: E402
 
 
 def main():
@@ -77,14 +76,7 @@ def compress_world(args, run, world):
     """`compress run --stages distill` with --nproc-per-node `world` (the CLI re-launches itself through
     torchrun), standardized KD as the recipe has it, no baseline."""
     overrides = [f"distill.epochs={args.epochs}", "distill.baseline=false", *METHODS["standardized"]]
-    cmd = [os.path.join(os.path.dirname(sys.executable), "compress"), "run", "--run-dir", run, "--stages",
-           "distill", "--nproc-per-node", str(world), "--set", "train.progress=false"]
-    cmd += (["-c", args.config] if args.config else []) + [a for o in [*args.set, *overrides] for a in ("--set", o)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)}\nfailed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    with open(os.path.join(run, "manifest.json")) as f:
-        return json.load(f)["stages"]
+    return compress(args, run, "distill", overrides, ["--nproc-per-node", str(world)])
 
 
 if __name__ == "__main__":
