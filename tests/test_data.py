@@ -194,3 +194,31 @@ def test_mnist5k_read_from_the_file_equals_mlxtends_loader():
     x, y = mnist_data()
     assert torch.equal(images, torch.from_numpy(x).round().to(torch.uint8).view(-1, 1, 28, 28))
     assert torch.equal(labels, torch.from_numpy(y).long())
+
+
+def test_the_store_key_of_an_image_folder_follows_its_images_not_where_or_when_they_were_copied(tmp_path):
+    """The teacher-output store is keyed by the training set's fingerprint: a copy of the same images elsewhere
+    with new modification times (a node's local disk, a re-synced share) must keep the key, and a changed image
+    (same size, new bytes) must change it."""
+    import os
+    import shutil
+
+    _image_tree(tmp_path / "a", ["train", "val"])
+
+    def key(root):
+        return load_data(data_cfg("data.name=imagefolder", f"data.root={root}"), seed=0).train.fingerprint()
+
+    shutil.copytree(tmp_path / "a", tmp_path / "elsewhere" / "b")  # new paths and modification times
+    for folder, _, files in os.walk(tmp_path / "elsewhere"):
+        for name in files:
+            os.utime(os.path.join(folder, name), (1_000_000_000, 1_000_000_000))
+    assert key(tmp_path / "a") == key(tmp_path / "elsewhere" / "b")
+
+    image = tmp_path / "elsewhere" / "b" / "train" / "dog" / "3.png"
+    pixels = np.array(Image.open(image))
+    Image.fromarray(pixels).save(image, compress_level=0)  # stored, not compressed: size depends on shape only
+    size = image.stat().st_size
+    key_before = key(tmp_path / "elsewhere" / "b")
+    pixels[0, 0] ^= 1
+    Image.fromarray(pixels).save(image, compress_level=0)
+    assert image.stat().st_size == size and key(tmp_path / "elsewhere" / "b") != key_before
