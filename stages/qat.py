@@ -4,10 +4,10 @@ accuracy budget against the float model."""
 import copy
 import logging
 import math
-import os
 
 import torch
 
+from compress.cpus import usable_cpus
 from compress.data.datasets import load_data
 from compress.data.sampling import eval_loader
 from compress.deploy.latency import speedup_text
@@ -159,7 +159,7 @@ def choose_float_layers(ctx, float_model, data):
     batch = max(e.latency_batch_sizes)
     images = data.val.batch(range(min(len(data.val), max(batch, 64)))).x
     calibration = list(images.split(32))
-    timer = mixed_precision.Timer(float_model, calibration, images[:batch], q, threads=os.cpu_count() or 1,
+    timer = mixed_precision.Timer(float_model, calibration, images[:batch], q, threads=usable_cpus(),
                                   opset=e.opset)
     stop = lambda: interrupt.stop_if_asked("in qat (while timing int8 candidates)")  # noqa: E731
     try:
@@ -169,7 +169,7 @@ def choose_float_layers(ctx, float_model, data):
         return [], {"mode": "all int8 (timing failed)"}
     finally:
         timer.close()
-    figures = {"mode": "latency-aware (batch %d, %d threads)" % (batch, os.cpu_count() or 1), "runtime": "onnxruntime",
+    figures = {"mode": "latency-aware (batch %d, %d threads)" % (batch, usable_cpus()), "runtime": "onnxruntime",
                **figures}
     tried = "; ".join(f"{t['float']} float {t['with_float_ms']:.2f} ms vs int8 {t['int8_ms']:.2f} ms"
                       for t in figures["tried"])

@@ -5,6 +5,7 @@ import os
 import click
 
 from compress.cli.base import cli, debug_option
+from compress.cpus import usable_cpus
 from compress.errors import EXIT_BAD_INPUT
 
 
@@ -184,7 +185,7 @@ def _compare(paths, batches, threads, rounds, warmup, runtime):
     shape = OnnxModel(paths[0], require_metadata=False).input_shape
     click.echo(f"A = {paths[0]}\nB = {paths[1]}\n({runtime}, CPU, median of {rounds} interleaved rounds)")
     click.echo(f"{'batch':>6} {'threads':>8} {'A ms':>10} {'B ms':>10}  B vs A")
-    for t in threads or (1, os.cpu_count() or 1):
+    for t in threads or (1, usable_cpus()):
         files = dict(zip("AB", paths))
         sessions = {name: onnxruntime_session(p, t) for name, p in files.items()} if runtime == "onnxruntime" else None
         for n in batches:

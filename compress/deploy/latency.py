@@ -1,10 +1,10 @@
 """Timing ONNX files with onnxruntime: a latency table per batch size and thread count, and side-by-side
 comparisons measured interleaved (a busy neighbour slows every model alike)."""
 
-import os
 
 import numpy as np
 
+from compress.cpus import usable_cpus
 from compress.deploy.onnx_model import OnnxModel
 from compress.deploy.timing import compare_latency, median_ms, speedup_text
 
@@ -14,7 +14,7 @@ __all__ = ["compare_latency", "latency_table", "median_ms", "speedup_text"]
 def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime="onnxruntime"):
     """[{batch, threads, ms, images_per_s}] for each batch size x thread count in `runtime`; `stop()` is called
     between cells (it raises to abandon the measurement)."""
-    threads = list(threads or (1, os.cpu_count() or 1))
+    threads = list(threads or (1, usable_cpus()))
     if runtime == "openvino":  # in a child process of its own (compress.deploy.openvino_child)
         from compress.deploy.openvino_child import request
 

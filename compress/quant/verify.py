@@ -3,11 +3,11 @@ validation set (max |logit difference|, top-1 agreement, near-ties counted for i
 runs after its QDQ fusions, and the int8-vs-fp32 speed gate measured interleaved on real images."""
 
 import math
-import os
 
 import numpy as np
 import torch
 
+from compress.cpus import usable_cpus
 from compress.deploy.latency import compare_latency, speedup_text
 from compress.deploy.onnx_model import read_onnx
 from compress.deploy.runtimes import compare_in_openvino, onnxruntime_session
@@ -115,7 +115,7 @@ def speed_gate(paths, images, e, stop=None, runtime="onnxruntime"):
     """int8 vs fp32 at the largest latency batch on all cores, on real validation images, interleaved in
     rounds, in `runtime`; the ratio of the two minima (the estimate least disturbed by other processes). A
     ratio below export.min_int8_speedup is measured once more, longer, before it decides the verdict."""
-    batch, threads = len(images), os.cpu_count() or 1
+    batch, threads = len(images), usable_cpus()
     x = images.numpy()
     pair = {k: paths[k] for k in ("fp32", "int8")}
     models = {k: onnxruntime_session(p, threads) for k, p in pair.items()} if runtime == "onnxruntime" else None

@@ -83,8 +83,9 @@ class StageContext:
         """The training precision train.precision asks for on this hardware, said once in the log."""
         precision = Precision.for_run(self.cfg.train.precision, self.env.device)
         if self.env.is_main:
-            log.info("%s: trains in %s (%s)", self.stage, precision.name if precision.dtype is None else
-                     f"{precision.name} autocast", precision.reason)
+            log.info("%s: trains in %s (%s) on %s CPU thread(s) per process", self.stage,
+                     precision.name if precision.dtype is None else f"{precision.name} autocast", precision.reason,
+                     self.env.threads or "?")
         return precision
 
     def session(self, modules, optimizer, steps_per_epoch, epochs, part="", precision=FP32, extra=None):

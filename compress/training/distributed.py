@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
+from compress.cpus import training_threads
 from compress.errors import CompressError, InputError, MirroredError
 from compress.fileio import dumps
 
@@ -32,6 +33,7 @@ class DistEnv:
     local_world: int = 1
     device: torch.device = torch.device("cpu")
     backend: str = ""  # "" when there is no process group
+    threads: str = ""  # the intra-op threads per process, and why ("2 (2 usable CPUs)")
 
     @property
     def is_main(self):
@@ -66,7 +68,10 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
     device = pick_device(device_preference, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
+    why = "train.threads"
+    if not threads:
+        threads, why = training_threads(local_world)
+    torch.set_num_threads(threads)
     backend = ""
     if world > 1:
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -77,7 +82,7 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
             kwargs.update(store=store, rank=rank, world_size=world)
         _import_modules_that_bind_the_world_group()
         tdist.init_process_group(backend, timeout=timeout, **kwargs)
-    env = DistEnv(rank, world, local_rank, local_world, device, backend)
+    env = DistEnv(rank, world, local_rank, local_world, device, backend, f"{threads} ({why})")
     try:
         yield env
     except BaseException:

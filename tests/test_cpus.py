@@ -1,0 +1,40 @@
+"""The CPU count and default training threads (compress.cpus): the affinity mask, not the machine, and the
+user's OMP_NUM_THREADS honoured where torchrun did not set it."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from compress.cpus import ELASTIC_WORKER_ENV, training_threads, usable_cpus
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="affinity masks are Linux-only")
+def test_the_cpu_count_is_what_the_process_may_run_on_not_the_machine():
+    code = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); " \
+           "from compress.cpus import usable_cpus, training_threads; print(usable_cpus(), training_threads()[0])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["1", "1"]
+    assert usable_cpus() == len(os.sched_getaffinity(0))
+
+
+def test_omp_num_threads_is_honoured_unless_torchrun_set_it():
+    cpus = usable_cpus()
+    assert training_threads(1, {"OMP_NUM_THREADS": "1"}) == (1, "OMP_NUM_THREADS")
+    assert training_threads(1, {}) == (cpus, f"{cpus} usable CPUs")
+    assert training_threads(1, {"OMP_NUM_THREADS": "zero"})[0] == cpus  # not a count: ignored
+    # a torchrun worker: its OMP_NUM_THREADS=1 is torchrun's default, so each process takes its share
+    worker = {"OMP_NUM_THREADS": "1", ELASTIC_WORKER_ENV: "x"}
+    assert training_threads(2, worker) == (max(1, cpus // 2), f"{cpus} usable CPUs / 2 processes")
+
+
+def test_a_run_takes_the_users_omp_num_threads_and_says_so(tmp_path, tiny_config):
+    from conftest import compress_subprocess
+
+    run = tmp_path / "run"
+    proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher", "--set",
+                               "teacher.epochs=1", "--set", "data.limit=64", env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "on 1 (OMP_NUM_THREADS) CPU thread(s) per process" in (run / "log.txt").read_text()
