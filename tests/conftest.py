@@ -7,6 +7,12 @@ import shutil
 import subprocess
 import sys
 
+# One torch thread per process, in this process and every `compress` it starts (which honours OMP_NUM_THREADS):
+# the suite's tiny models gain nothing from a second thread (measured: 192 s with one, 188 s with two), and the
+# README runs it in two pytest-xdist workers on 2 cores, where two-thread processes beside each other would
+# wait on one another's cores (see compress/cpus.py).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest
 from click.testing import CliRunner
 

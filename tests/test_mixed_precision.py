@@ -85,3 +85,32 @@ def test_a_stop_request_is_honoured_between_candidates():
     except KeyboardInterrupt:
         pass
     assert len(timer.asked) == 2  # fp32 vs all-int8, then the stem; stopped before the classifier
+
+
+def test_the_real_timer_builds_times_and_chooses_among_a_depthwise_models_int8_candidates():
+    """The same greedy choice driven by the real Timer (prepare, calibrate, convert, ONNX export, onnxruntime),
+    on a tiny model with a stem, a depthwise and a pointwise convolution and a classifier: every candidate
+    group is built and timed, the figures are real times, and what is kept float is one of the groups."""
+    import torch
+    from torch import nn
+
+    from compress.quant.mixed_precision import Timer
+    from compress.run.config import load_config
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=8),
+                          nn.ReLU(), nn.Conv2d(8, 16, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(16, 4)).eval()
+    groups, _ = candidate_groups(model)
+    assert groups == [("stem", ["0"]), ("classifier", ["8"]), ("depthwise convolutions", ["2"])]
+    images = torch.randn(16, 3, 16, 16)
+    timer = Timer(model, list(images.split(8)), images[:8], load_config(None).qat, threads=1)
+    try:
+        chosen, figures = choose_float_layers(timer, model)
+    finally:
+        timer.close()
+    assert [t["float"] for t in figures["tried"]][:1] == ["stem"] and len(figures["tried"]) >= 3
+    assert figures["fp32_ms"] > 0 and figures["all_int8_ms"] > 0 and figures["chosen_ms"] > 0
+    assert set(chosen) <= {"0", "2", "4", "8"}  # the stem may grow into a float prefix (layer "2", then "4")
+    # fp32, all int8 and at least one trial were each exported and run in onnxruntime
+    assert {("<all>",), ()} < set(timer.sessions)

@@ -37,7 +37,8 @@ def photo_folder(root, classes=("cat", "dog"), train=6, val=2):
 def test_torchvision_teacher_as_given_distils_a_pretrained_torchvision_student_to_int8_onnx(tmp_path):
     """The whole bring-your-own chain on the CPU: a torchvision resnet18 state dict written with torch.save is
     the teacher as it is (teacher.epochs: 0); a torchvision mobilenet_v2 student starts from a .safetensors
-    file (an ImageNet-shaped one: its 1000-class head is replaced); distill, QAT and a verified int8 ONNX."""
+    file (an ImageNet-shaped one: its 1000-class head is replaced); distill, QAT with its stem kept float, and a
+    verified int8 ONNX."""
     images = photo_folder(tmp_path / "photos")
     torch.manual_seed(0)
     torch.save(torchvision.models.resnet18(num_classes=2).state_dict(), tmp_path / "teacher.pth")
@@ -51,7 +52,7 @@ def test_torchvision_teacher_as_given_distils_a_pretrained_torchvision_student_t
         train: {{progress: false}}
         teacher: {{epochs: 0}}
         distill: {{epochs: 1, batch_size: 4, views: 2, baseline: false}}
-        qat: {{epochs: 1, batch_size: 4, max_accuracy_drop: 100.0}}
+        qat: {{epochs: 1, batch_size: 4, max_accuracy_drop: 100.0, float_layers: [features.0.0]}}
         export: {{latency_batch_sizes: [1, 2], latency_repeats: 2, latency_warmup: 0, min_int8_speedup: 0.0}}
         """))
     run = tmp_path / "run"
@@ -70,6 +71,12 @@ def test_torchvision_teacher_as_given_distils_a_pretrained_torchvision_student_t
     assert any(init.data_type == onnx.TensorProto.INT8 for init in int8.graph.initializer)
     export = json.loads((run / "export" / "export.json").read_text())
     assert export["int8"]["top1_agreement"] >= 0.75 and all(c["ok"] for c in export["checks"].values())
+    # torchvision's stem convolution, named as the user names it, kept float in the int8 file (the latency-aware
+    # automatic choice is tested with the real timer in tests/test_mixed_precision.py)
+    assert manifest["qat"]["metrics"]["float_layers"] == ["features.0.0"]
+    weights = {i.name: i.data_type for i in int8.graph.initializer}
+    convs = [weights.get(n.input[1]) for n in int8.graph.node if n.op_type == "Conv"]
+    assert convs[0] == onnx.TensorProto.FLOAT and onnx.TensorProto.FLOAT not in convs[1:]  # the stem alone
 
     # changing the weights file reruns the teacher (its sha256 is an input of the stage)
     torch.manual_seed(1)
