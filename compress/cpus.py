@@ -4,7 +4,7 @@ for both, read by training, the launcher, QAT's latency probe and the deployment
 The count is the process's affinity mask (what `taskset`, a container's cpuset or a SLURM allocation grants),
 not the machine's: 4 CPUs of a 128-core node are 4. Threads beyond the free cores are ruinous for the small
 operations of CPU training: each parallel region waits for its slowest thread, and a thread sharing a core with
-another busy process waits a scheduler slice (measured in BENCHMARKS.md: 18 against 3,120 images/s)."""
+another busy process waits a scheduler slice (BENCHMARKS.md: 374 against 3,133 images/s)."""
 
 import os
 
