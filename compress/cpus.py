@@ -30,5 +30,10 @@ def training_threads(local_world=1, environ=None):
     if omp.isdigit() and int(omp) > 0 and ELASTIC_WORKER_ENV not in environ:
         return int(omp), "OMP_NUM_THREADS"
     cpus = usable_cpus()
-    share = max(1, cpus // max(1, local_world))
-    return share, (f"{cpus} usable CPUs" if local_world <= 1 else f"{cpus} usable CPUs / {local_world} processes")
+    return cpu_share(local_world), (f"{cpus} usable CPUs" if local_world <= 1 else
+                                    f"{cpus} usable CPUs / {local_world} processes")
+
+
+def cpu_share(processes):
+    """Threads for each of `processes` processes on this node: the usable CPUs divided among them, at least 1."""
+    return max(1, usable_cpus() // max(1, processes))

@@ -1,3 +1,6 @@
+import os
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -200,9 +203,6 @@ def test_the_store_key_of_an_image_folder_follows_its_images_not_where_or_when_t
     """The teacher-output store is keyed by the training set's fingerprint: a copy of the same images elsewhere
     with new modification times (a node's local disk, a re-synced share) must keep the key, and a changed image
     (same size, new bytes) must change it."""
-    import os
-    import shutil
-
     _image_tree(tmp_path / "a", ["train", "val"])
 
     def key(root):

@@ -1,7 +1,6 @@
 """Timing ONNX files with onnxruntime: a latency table per batch size and thread count, and side-by-side
 comparisons measured interleaved (a busy neighbour slows every model alike)."""
 
-
 import numpy as np
 
 from compress.cpus import usable_cpus

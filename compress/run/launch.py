@@ -4,7 +4,7 @@ import logging
 import os
 import uuid
 
-from compress.cpus import usable_cpus
+from compress.cpus import cpu_share
 from compress.errors import EXIT_INTERRUPTED
 
 
@@ -20,7 +20,7 @@ def relaunch(nproc, max_restarts, argv):
     from torch.distributed.run import config_from_args, get_args_parser
 
     # torchrun would otherwise warn that it sets this for us
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // nproc)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(cpu_share(nproc)))
     # the agent's own log lines (rendezvous info, "shutting down workers", failure tables) would bury the
     # workers' one-line messages; its loggers set their own levels, so quiet each one
     for name in list(logging.root.manager.loggerDict):
