@@ -91,6 +91,7 @@ def test_the_real_timer_builds_times_and_chooses_among_a_depthwise_models_int8_c
     """The same greedy choice driven by the real Timer (prepare, calibrate, convert, ONNX export, onnxruntime),
     on a tiny model with a stem, a depthwise and a pointwise convolution and a classifier: every candidate
     group is built and timed, the figures are real times, and what is kept float is one of the groups."""
+    import onnx
     import torch
     from torch import nn
 
@@ -107,8 +108,17 @@ def test_the_real_timer_builds_times_and_chooses_among_a_depthwise_models_int8_c
     timer = Timer(model, list(images.split(8)), images[:8], load_config(None).qat, threads=1)
     try:
         chosen, figures = choose_float_layers(timer, model)
+        # each candidate file keeps exactly its float layers float: the first convolution's weights are fp32
+        # in the stem trial, int8 (behind a DequantizeLinear, not an initializer) with every layer int8
+        first_conv_float = {}
+        for key, session in timer.sessions.items():
+            graph = onnx.load(session.path).graph
+            weights = {i.name: i.data_type for i in graph.initializer}
+            first = next(n for n in graph.node if n.op_type == "Conv")
+            first_conv_float[key] = weights.get(first.input[1]) == onnx.TensorProto.FLOAT
     finally:
         timer.close()
+    assert first_conv_float[("<all>",)] and first_conv_float[("0",)] and not first_conv_float[()]
     assert [t["float"] for t in figures["tried"]][:1] == ["stem"] and len(figures["tried"]) >= 3
     assert figures["fp32_ms"] > 0 and figures["all_int8_ms"] > 0 and figures["chosen_ms"] > 0
     assert set(chosen) <= {"0", "2", "4", "8"}  # the stem may grow into a float prefix (layer "2", then "4")
