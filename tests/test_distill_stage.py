@@ -99,6 +99,9 @@ def test_an_unlabelled_folder_without_images_or_with_a_broken_one_is_one_clear_e
     proc = distill(run, tiny_config, f"data.unlabeled={empty}", in_process=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"data.unlabeled: folder '{empty}' holds no image files" in proc.stderr
+    missing = tmp_path / "missing"
+    proc = distill(run, tiny_config, f"data.unlabeled={missing}", in_process=True)
+    assert proc.returncode == 2 and f"data.unlabeled: folder '{missing}' does not exist" in proc.stderr
     broken = tmp_path / "broken"
     shutil.copytree(unlabeled, broken)
     (broken / "batch1" / "bad.png").write_bytes(b"not a png at all")

@@ -97,7 +97,7 @@ def describe(cfg, unlabeled=False):
     """What the config's data is, found without decoding an image: {"lines": a summary block, "notes": warnings}.
     A broken layout (missing class folders, an empty class, splits that disagree, no images to learn from) is
     an InputError here - before anything is written."""
-    from compress.data.imagefolder import image_files, scan
+    from compress.data.imagefolder import scan, unlabeled_files
     from compress.deploy.imageio import resize_rule
 
     channels, size, _ = input_shape_of(cfg)
@@ -125,11 +125,7 @@ def describe(cfg, unlabeled=False):
              f"      images {channels}x{size}x{size} (validation: shorter side to {rule['shorter_side']}, centre "
              f"crop); training augmentation: {augmentation}"]
     if unlabeled and cfg.unlabeled:
-        count = len(image_files(os.path.expanduser(cfg.unlabeled))) if os.path.isdir(
-            os.path.expanduser(cfg.unlabeled)) else 0
-        if not count:
-            raise InputError(f"data.unlabeled: folder '{cfg.unlabeled}' holds no image files (.jpg, .png, .bmp, ...); "
-                             "point it at a folder of images")
+        count = len(unlabeled_files(cfg))
         lines.append(f"      unlabelled: {count:,} images in {cfg.unlabeled} (the distill stage learns from them "
                      "through the teacher)")
     return {"lines": lines, "notes": notes}

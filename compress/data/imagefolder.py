@@ -106,9 +106,8 @@ def image_files(root):
     return found
 
 
-def load_unlabeled(cfg, train):
-    """data.unlabeled's images as a set with label -1, at the training images' shape and eval rule (decoded
-    once into memory when they fit data.cache_mb, so an unreadable file is found here, naming it)."""
+def unlabeled_files(cfg):
+    """The image files under data.unlabeled, or one clear error: the folder is missing, or holds no image."""
     root = os.path.expanduser(cfg.unlabeled)
     if not os.path.isdir(root):
         raise InputError(f"data.unlabeled: folder '{cfg.unlabeled}' does not exist; point it at a folder of images")
@@ -116,6 +115,13 @@ def load_unlabeled(cfg, train):
     if not files:
         raise InputError(f"data.unlabeled: folder '{cfg.unlabeled}' holds no image files (.jpg, .png, .bmp, ...); "
                          "point it at a folder of images")
+    return files
+
+
+def load_unlabeled(cfg, train):
+    """data.unlabeled's images as a set with label -1, at the training images' shape and eval rule (decoded
+    once into memory when they fit data.cache_mb, so an unreadable file is found here, naming it)."""
+    files = unlabeled_files(cfg)
     storage = FileImages(files, train.image_shape, train.rule,
                          keep_original=train.augment.kind == "random_resized_crop", cache_bytes=cfg.cache_mb * 2**20)
     return ImageSet([UNLABELLED] * len(files), train.image_shape, storage, train.augment, train.rule)
