@@ -138,12 +138,15 @@ def summary(path):
     for r in rows:
         if "name" in r:
             by.setdefault((r["name"], r["epochs"]), []).append(r)
-    alone = {}
+    alone, seen = {}, set()
     for (name, epochs), rs in by.items():
         for r in rs:
             if r.get("alone") is not None:  # the same views; with unlabelled images it sees only the labelled
                 mix = next((m for m in ("mixup", "cutmix") if m in name), None)
                 label = "alone" + (f" +{mix}" if mix else "")
+                if (label, epochs, r["seed"]) in seen:  # the same student alone, trained again by another cell
+                    continue
+                seen.add((label, epochs, r["seed"]))
                 alone.setdefault((label, epochs), []).append(r["alone"])
     print("\n| student | epochs | val acc (mean ± std) | vs alone (same schedule) | seeds | per seed |")
     print("|---|---:|---:|---:|---:|---|")
