@@ -90,7 +90,8 @@ def make_loss(d, student, teacher, store, steps_per_epoch):
     params = {"dkd": {"alpha": kd.dkd.alpha, "beta": kd.dkd.beta},
               "dist": {"beta": kd.dist.beta, "gamma": kd.dist.gamma}}.get(kd.method, {})
     warmup = kd.dkd.warmup_epochs * steps_per_epoch if kd.method == "dkd" else 0
-    needs_teacher = bool(kd.weight or d.cosine.weight or d.hint.weight)
+    ce_weight, kd_weight = d.resolved_ce_weight, kd.resolved_weight
+    needs_teacher = bool(kd_weight or d.cosine.weight or d.hint.weight)
 
     def loss_fn(batch, step):
         logits, s_cosine, s_hint = student(batch.x)
@@ -98,12 +99,12 @@ def make_loss(d, student, teacher, store, steps_per_epoch):
         if needs_teacher:
             t = store.lookup(batch.index, batch.view, logits.device) if store is not None else teacher(batch.x)
         terms = {}
-        if d.ce_weight:
-            terms["ce"] = (d.ce_weight, label_loss(logits, batch, d.label_smoothing))
-        if kd.weight:
+        if ce_weight:
+            terms["ce"] = (ce_weight, label_loss(logits, batch, d.label_smoothing))
+        if kd_weight:
             ramp = min((step + 1) / warmup, 1.0) if warmup else 1.0
             t_logits = t["logits"].float()
-            terms["kd"] = (kd.weight * ramp, logit_loss(kd.method, logits.float(), t_logits,
+            terms["kd"] = (kd_weight * ramp, logit_loss(kd.method, logits.float(), t_logits,
                                                         kd_target(batch, t_logits), kd.resolved_temperature, params))
         if d.cosine.weight:
             terms["cosine"] = (d.cosine.weight, cosine_loss(s_cosine.float(), t["cosine"].float()))
@@ -173,7 +174,7 @@ def _plan_store(ctx, teacher, train_set, data, precision):
     if d.hint.weight:
         return None, ("the hint loss needs the teacher's feature maps, which the store does not keep (kilobytes per "
                       "image)")
-    if not (d.kd.weight or d.cosine.weight):
+    if not (d.kd.resolved_weight or d.cosine.weight):
         return None, "no loss needs the teacher"
     a = train_set.augment
     spec = StoreSpec(
@@ -247,9 +248,11 @@ def _result(cfg, final, baseline, teacher_acc, student, teacher, replicas, preci
                "params": count_parameters(student.student), "teacher_params": count_parameters(teacher.model),
                "images_per_s": final["images_per_s"], "epochs": d.epochs, "replicas_identical": replicas,
                **precision.describe(), "teacher_outputs": teacher_outputs, "kd_method": d.kd.method,
-               "kd_temperature": d.kd.resolved_temperature, "views": labelled.augment.views,
+               "kd_temperature": d.kd.resolved_temperature, "kd_weight": d.kd.resolved_weight,
+               "ce_weight": d.resolved_ce_weight, "views": labelled.augment.views,
                "labelled_images": len(labelled), "unlabelled_images": unlabelled,
-               "losses": [k for k, w in (("ce", d.ce_weight), ("kd", d.kd.weight), ("cosine", d.cosine.weight),
+               "losses": [k for k, w in (("ce", d.resolved_ce_weight), ("kd", d.kd.resolved_weight),
+                                         ("cosine", d.cosine.weight),
                                          ("hint", d.hint.weight)) if w]}
     summary = f"student {cfg.model.student}: val acc {final['val_acc']:.2f}% (teacher {teacher_acc:.2f}%)"
     outputs = [OUTPUTS["model"], OUTPUTS["metrics"]]

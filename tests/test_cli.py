@@ -63,4 +63,4 @@ def test_config_command_prints_resolved_yaml_and_reference():
     assert result.exit_code == 0 and "epochs: 11" in result.output
     reference = invoke("config", "--reference").output
     assert "| `distill.kd.temperature` | float or null | `null` |" in reference
-    assert "| `distill.kd.method` | hinton | dkd | dist | standardized | `hinton` |" in reference
+    assert "| `distill.kd.method` | hinton | dkd | dist | standardized | `standardized` |" in reference

@@ -51,6 +51,22 @@ def test_qat_needs_a_loss():
     assert load_config(None, ["qat.ce_weight=0"]).qat.kd_weight == 1.0  # distillation from the float model alone
 
 
+def test_each_logit_loss_gets_its_papers_weights_unless_the_config_sets_them():
+    """The weights go with the method (Sun et al.'s CE 0.1 / KD 9 would swamp Hinton KD at T 4): switching only
+    kd.method gives that method's paper setting; a weight the config sets is kept whatever the method."""
+    d = load_config(None).distill
+    assert (d.kd.method, d.resolved_ce_weight, d.kd.resolved_weight, d.kd.resolved_temperature) == (
+        "standardized", 0.1, 9.0, 2.0)
+    expected = {"hinton": (0.1, 0.9, 4.0), "dkd": (1.0, 1.0, 4.0), "dist": (1.0, 1.0, 4.0)}
+    for method, weights in expected.items():
+        d = load_config(None, [f"distill.kd.method={method}"]).distill
+        assert (d.resolved_ce_weight, d.kd.resolved_weight, d.kd.resolved_temperature) == weights, method
+    d = load_config(None, ["distill.kd.method=hinton", "distill.ce_weight=0.5", "distill.kd.weight=0"]).distill
+    assert (d.resolved_ce_weight, d.kd.resolved_weight) == (0.5, 0.0)
+    with pytest.raises(ConfigError, match="at least one must be > 0"):
+        load_config(None, ["distill.ce_weight=0", "distill.kd.weight=0"])
+
+
 def test_overrides_are_parsed_as_yaml_values():
     cfg = load_config(None, ["teacher.epochs=7", "distill.kd.temperature=4", "data.mean=[0.5]", "data.std=[0.25]",
                              "qat.per_channel=false", "teacher.lr=3e-4"])

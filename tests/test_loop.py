@@ -149,8 +149,9 @@ def test_the_distill_loss_is_the_weighted_sum_of_its_terms():
     terms' own formulas."""
     from stages.distill import make_loss
 
-    cfg, data, student, teacher = distill_setup("distill.ce_weight=0.3", "distill.kd.weight=2.5",
-                                                "distill.kd.temperature=3", "distill.label_smoothing=0.2")
+    cfg, data, student, teacher = distill_setup("distill.kd.method=hinton", "distill.ce_weight=0.3",
+                                                "distill.kd.weight=2.5", "distill.kd.temperature=3",
+                                                "distill.label_smoothing=0.2")
     batch = data.train.batch(range(24))
     student.eval()
     total, parts = make_loss(cfg.distill, student, teacher, None, 10)(batch, 0)

@@ -241,10 +241,11 @@ class DISTConfig:
 @dataclass(frozen=True)
 class KDConfig:
     method: Literal["hinton", "dkd", "dist", "standardized"] = _f(
-        "hinton", "logit loss: hinton (T^2 KL of the softened distributions; Hinton et al. 2015), dkd (decoupled "
+        "standardized", "logit loss: hinton (T^2 KL of the softened distributions; Hinton et al. 2015), dkd (decoupled "
                   "target / non-target KD; Zhao et al. 2022), dist (Pearson relations within and between classes; "
                   "Huang et al. 2022), standardized (KD on z-scored logits; Sun et al. 2024)")
-    weight: float = _f(0.5, "weight of the logit loss; 0 turns it off")
+    weight: Optional[float] = _f(None, "weight of the logit loss; 0 turns it off; null: the method's paper weight "
+                                       "(hinton 0.9, dkd 1, dist 1, standardized 9)")
     temperature: Optional[float] = _f(None, "softmax temperature T; null: the method's paper default (hinton, dkd, "
                                             "dist 4; standardized 2)")
     dkd: DKDConfig = _f(DKDConfig(), "")
@@ -259,8 +260,14 @@ class KDConfig:
     def resolved_temperature(self):
         return self.temperature if self.temperature is not None else DEFAULT_TEMPERATURE[self.method]
 
+    @property
+    def resolved_weight(self):
+        return self.weight if self.weight is not None else PAPER_WEIGHTS[self.method][1]
 
-DEFAULT_TEMPERATURE = {"hinton": 4.0, "dkd": 4.0, "dist": 4.0, "standardized": 2.0}  # the papers' CIFAR settings
+
+# the papers' CIFAR settings (TOOLCHAIN.md): T, and the weights of (cross-entropy, the logit loss)
+DEFAULT_TEMPERATURE = {"hinton": 4.0, "dkd": 4.0, "dist": 4.0, "standardized": 2.0}
+PAPER_WEIGHTS = {"hinton": (0.1, 0.9), "dkd": (1.0, 1.0), "dist": (1.0, 1.0), "standardized": (0.1, 9.0)}
 
 
 @dataclass(frozen=True)
@@ -302,8 +309,9 @@ class HintConfig:
 class DistillConfig(SGDRecipe):
     epochs: int = _f(8, "training epochs")
     lr: float = _f(0.05, "peak learning rate")
-    ce_weight: float = _f(0.5, "weight of cross-entropy on the labels")
-    kd: KDConfig = _f(KDConfig(), "Hinton knowledge distillation on logits")
+    ce_weight: Optional[float] = _f(None, "weight of cross-entropy on the labels; null: the one kd.method's paper "
+                                          "uses beside it (hinton 0.1, dkd 1, dist 1, standardized 0.1)")
+    kd: KDConfig = _f(KDConfig(), "the logit loss: knowledge distillation from the teacher's logits")
     cosine: CosineConfig = _f(CosineConfig(), "cosine loss on hidden representations")
     hint: HintConfig = _f(HintConfig(), "FitNets hint")
     views: Optional[int] = _f(None, "fixed augmented views per image; epoch e shows view e mod views, the teacher "
@@ -318,7 +326,7 @@ class DistillConfig(SGDRecipe):
     def __post_init__(self):
         problems_if(self._recipe_checks() + [
             (outside(self.ce_weight, 0, 1e6), f"ce_weight: must be >= 0, got {self.ce_weight}"),
-            (self.ce_weight + self.kd.weight + self.cosine.weight + self.hint.weight <= 0,
+            (self.resolved_ce_weight + self.kd.resolved_weight + self.cosine.weight + self.hint.weight <= 0,
              "ce_weight, kd.weight, cosine.weight, hint.weight: at least one must be > 0"),
             (outside(self.views, 1, 100_000),
              f"views: must be >= 1, or null for one per epoch, got {self.views} (the teacher on every batch is "
@@ -326,6 +334,10 @@ class DistillConfig(SGDRecipe):
             (outside(self.view_seed, 0, MAX_SEED),
              f"view_seed: must be between 0 and {MAX_SEED}, got {self.view_seed}"),
         ])
+
+    @property
+    def resolved_ce_weight(self):
+        return self.ce_weight if self.ce_weight is not None else PAPER_WEIGHTS[self.kd.method][0]
 
     def views_for(self, augmented):
         """How many views each image has: 1 without augmentation (every epoch shows the same image)."""
