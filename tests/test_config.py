@@ -63,6 +63,7 @@ def test_each_logit_loss_gets_its_papers_weights_unless_the_config_sets_them():
         assert (d.resolved_ce_weight, d.kd.resolved_weight, d.kd.resolved_temperature) == weights, method
     d = load_config(None, ["distill.kd.method=hinton", "distill.ce_weight=0.5", "distill.kd.weight=0"]).distill
     assert (d.resolved_ce_weight, d.kd.resolved_weight) == (0.5, 0.0)
+    assert load_config(None, ["distill.ce_weight=0"]).distill.kd.resolved_weight == 9.0  # KD alone is a loss
     with pytest.raises(ConfigError, match="at least one must be > 0"):
         load_config(None, ["distill.ce_weight=0", "distill.kd.weight=0"])
 
