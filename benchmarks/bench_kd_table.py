@@ -51,6 +51,9 @@ def cells(args):
         for seed in args.seeds:
             out.append(("unlabeled", "standardized+unlabeled", args.long, seed,
                         METHODS["standardized"] + [f"data.unlabeled={args.unlabeled}"], True))
+    if args.patience:  # the best recipe, and the student alone, on a schedule past the long one
+        for seed in args.seeds:
+            out.append(("dense", "standardized", args.patience, seed, METHODS["standardized"], True))
     for mix in ("mixup", "cutmix"):
         for seed in args.seeds:
             out.append((mix, f"standardized+{mix}", args.long, seed, METHODS["standardized"] + [f"distill.mix={mix}"],
@@ -186,6 +189,7 @@ def main():
     p.add_argument("--seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--short", type=int, default=40)
     p.add_argument("--long", type=int, default=160)
+    p.add_argument("--patience", type=int, help="also standardized KD and the student alone at this many epochs")
     p.add_argument("--unlabeled-epochs", type=int, default=80, help="a second schedule for the unlabelled cells")
     p.add_argument("--export-keys", default="standardized@160/s0,standardized@160/s1,standardized@160/s2",
                    type=lambda s: s.split(","), help="the cells whose students go through QAT+export (comma-separated)")
