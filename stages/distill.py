@@ -116,6 +116,24 @@ def make_loss(d, student, teacher, store, steps_per_epoch):
     return loss_fn
 
 
+KD_NAMES = {"hinton": "Hinton KD", "dkd": "DKD", "dist": "DIST", "standardized": "standardized-logit KD"}
+
+
+def describe_loss(d):
+    """The loss in words, as the log shows it: '0.1 x cross-entropy + 9 x standardized-logit KD (T 2); ce_weight,
+    kd.weight, kd.temperature: the standardized-logit KD paper's' (the last part names what was left at null)."""
+    kd = d.kd
+    terms = [(d.resolved_ce_weight, "cross-entropy"),
+             (kd.resolved_weight, f"{KD_NAMES[kd.method]} (T {kd.resolved_temperature:g})"),
+             (d.cosine.weight, f"cosine loss (teacher {d.cosine.teacher_layer}, student {d.cosine.student_layer})"),
+             (d.hint.weight, f"FitNets hint (teacher {d.hint.teacher_layer}, student {d.hint.student_layer})")]
+    text = " + ".join(f"{w:g} x {name}" for w, name in terms if w)
+    defaulted = [k for k, v in (("ce_weight", d.ce_weight), ("kd.weight", kd.weight), ("kd.temperature",
+                                                                                      kd.temperature)) if v is None]
+    return text + (f"; {', '.join(defaulted)}: the {KD_NAMES[kd.method]} paper's" if defaulted and kd.resolved_weight
+                   else "")
+
+
 def run(ctx):
     cfg, env, d = ctx.cfg, ctx.env, ctx.cfg.distill
     data = load_data(cfg.data, cfg.seed, unlabeled=True)
@@ -139,6 +157,7 @@ def run(ctx):
     optimizer = build_optimizer(student.parameters(), d)
     schedule = Schedule.from_config(d, loader.sampler.batches_per_epoch)
     session = ctx.session(modules, optimizer, schedule.steps_per_epoch, d.epochs, precision=precision)
+    log.info("distill: loss = %s", describe_loss(d))
     history = fit(ddp_student, make_loss(d, ddp_student, teacher, store, schedule.steps_per_epoch), optimizer, loader,
                   schedule, lambda epoch: evaluate(student.student, val, env, precision), session)
     replicas = dist.check_replicas(env, student, "distill")
@@ -279,8 +298,7 @@ def report_notes(entry):
     m = entry["metrics"]
     if "baseline_val_acc" not in m:
         return []
-    method = {"hinton": "Hinton KD", "dkd": "DKD", "dist": "DIST", "standardized": "standardized-logit KD"}.get(
-        m.get("kd_method"), "distillation")
+    method = KD_NAMES.get(m.get("kd_method"), "distillation")
     extra = ""
     if m.get("unlabelled_images"):
         extra = (f" The distilled student also learned from {m['unlabelled_images']:,} unlabelled images through the "
