@@ -13,7 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kd_table import compress, done, mean_std, record  # noqa: E402
+from bench_kd_table import add_run_args, compress, done, mean_std, record, run_then_summarize  # noqa: E402
 
 CANDIDATES = {  # name -> the overrides; explicit, so the table does not move when the built-in default does
     "hinton CE 0.5 KD 0.5 (built-in until now)": ["distill.kd.method=hinton", "distill.ce_weight=0.5",
@@ -75,21 +75,10 @@ def summary(path):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="a config file (default: the built-in defaults)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",")])
+    add_run_args(p)
     p.add_argument("--epochs", default="8,32", type=lambda s: [int(x) for x in s.split(",")],
                    help="student schedules (the default run's 8 epochs and a longer one)")
-    p.add_argument("--work", help="the run directory shared by every cell")
-    p.add_argument("--code", help="run the compress package in this folder instead of the installed one")
-    p.add_argument("--out", required=True, help="JSON-lines results file")
-    p.add_argument("--summary", action="store_true", help="only print the table from --out")
-    args = p.parse_args()
-    if not args.summary:
-        if not args.work:
-            p.error("--work is required to run cells")
-        run(args)
-    summary(args.out)
+    run_then_summarize(p, run, summary)
 
 
 if __name__ == "__main__":

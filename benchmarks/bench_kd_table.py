@@ -181,12 +181,31 @@ def summary(path):
               f"({len(with_ptq)} seeds)")
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_run_args(p):
+    """The arguments every through-the-product cell table takes (this script and bench_kd_default.py)."""
     p.add_argument("--config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--unlabeled", help="folder of unlabelled images (data.unlabeled) for the unlabelled cells")
     p.add_argument("--seeds", default="0,1,2", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--work", help="the run directory shared by every cell")
+    p.add_argument("--code", help="run the compress package found in this folder (a frozen copy of compress/ and "
+                                  "stages/) instead of the installed one")
+    p.add_argument("--out", required=True, help="JSON-lines results file")
+    p.add_argument("--summary", action="store_true", help="only print the table from --out")
+
+
+def run_then_summarize(p, run_cells, summarize):
+    args = p.parse_args()
+    if not args.summary:
+        if not args.work:
+            p.error("--work is required to run cells")
+        run_cells(args)
+    summarize(args.out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(p)
+    p.add_argument("--unlabeled", help="folder of unlabelled images (data.unlabeled) for the unlabelled cells")
     p.add_argument("--short", type=int, default=40)
     p.add_argument("--long", type=int, default=160)
     p.add_argument("--patience", type=int, help="also standardized KD and the student alone at this many epochs")
@@ -194,17 +213,7 @@ def main():
     p.add_argument("--export-keys", default="standardized@160/s0,standardized@160/s1,standardized@160/s2",
                    type=lambda s: s.split(","), help="the cells whose students go through QAT+export (comma-separated)")
     p.add_argument("--skip", default=[], type=lambda s: s.split(","), help="cells to leave out (comma-separated keys)")
-    p.add_argument("--work", help="the run directory shared by every cell")
-    p.add_argument("--code", help="run the compress package found in this folder (a frozen copy of compress/ and "
-                                  "stages/) instead of the installed one")
-    p.add_argument("--out", required=True, help="JSON-lines results file")
-    p.add_argument("--summary", action="store_true", help="only print the table from --out")
-    args = p.parse_args()
-    if not args.summary:
-        if not args.work:
-            p.error("--work is required to run cells")
-        run(args)
-    summary(args.out)
+    run_then_summarize(p, run, summary)
 
 
 if __name__ == "__main__":

@@ -90,8 +90,8 @@ def make_loss(d, student, teacher, store, steps_per_epoch):
     params = {"dkd": {"alpha": kd.dkd.alpha, "beta": kd.dkd.beta},
               "dist": {"beta": kd.dist.beta, "gamma": kd.dist.gamma}}.get(kd.method, {})
     warmup = kd.dkd.warmup_epochs * steps_per_epoch if kd.method == "dkd" else 0
-    ce_weight, kd_weight = d.resolved_ce_weight, kd.resolved_weight
-    needs_teacher = bool(kd_weight or d.cosine.weight or d.hint.weight)
+    weights = d.loss_weights()
+    needs_teacher = bool(weights["kd"] or weights["cosine"] or weights["hint"])
 
     def loss_fn(batch, step):
         logits, s_cosine, s_hint = student(batch.x)
@@ -99,17 +99,18 @@ def make_loss(d, student, teacher, store, steps_per_epoch):
         if needs_teacher:
             t = store.lookup(batch.index, batch.view, logits.device) if store is not None else teacher(batch.x)
         terms = {}
-        if ce_weight:
-            terms["ce"] = (ce_weight, label_loss(logits, batch, d.label_smoothing))
-        if kd_weight:
+        if weights["ce"]:
+            terms["ce"] = (weights["ce"], label_loss(logits, batch, d.label_smoothing))
+        if weights["kd"]:
             ramp = min((step + 1) / warmup, 1.0) if warmup else 1.0
             t_logits = t["logits"].float()
-            terms["kd"] = (kd_weight * ramp, logit_loss(kd.method, logits.float(), t_logits,
-                                                        kd_target(batch, t_logits), kd.resolved_temperature, params))
-        if d.cosine.weight:
-            terms["cosine"] = (d.cosine.weight, cosine_loss(s_cosine.float(), t["cosine"].float()))
-        if d.hint.weight:
-            terms["hint"] = (d.hint.weight, hint_loss(s_hint.float(), t["hint"].float()))
+            kd_value = logit_loss(kd.method, logits.float(), t_logits, kd_target(batch, t_logits),
+                                  kd.resolved_temperature, params)
+            terms["kd"] = (weights["kd"] * ramp, kd_value)
+        if weights["cosine"]:
+            terms["cosine"] = (weights["cosine"], cosine_loss(s_cosine.float(), t["cosine"].float()))
+        if weights["hint"]:
+            terms["hint"] = (weights["hint"], hint_loss(s_hint.float(), t["hint"].float()))
         total = sum(w * value for w, value in terms.values())
         return total, {k: value.item() for k, (_, value) in terms.items()}
 
@@ -122,16 +123,14 @@ KD_NAMES = {"hinton": "Hinton KD", "dkd": "DKD", "dist": "DIST", "standardized":
 def describe_loss(d):
     """The loss in words, as the log shows it: '0.1 x cross-entropy + 9 x standardized-logit KD (T 2); ce_weight,
     kd.weight, kd.temperature: the standardized-logit KD paper's' (the last part names what was left at null)."""
-    kd = d.kd
-    terms = [(d.resolved_ce_weight, "cross-entropy"),
-             (kd.resolved_weight, f"{KD_NAMES[kd.method]} (T {kd.resolved_temperature:g})"),
-             (d.cosine.weight, f"cosine loss (teacher {d.cosine.teacher_layer}, student {d.cosine.student_layer})"),
-             (d.hint.weight, f"FitNets hint (teacher {d.hint.teacher_layer}, student {d.hint.student_layer})")]
-    text = " + ".join(f"{w:g} x {name}" for w, name in terms if w)
+    kd, w = d.kd, d.loss_weights()
+    names = {"ce": "cross-entropy", "kd": f"{KD_NAMES[kd.method]} (T {kd.resolved_temperature:g})",
+             "cosine": f"cosine loss (teacher {d.cosine.teacher_layer}, student {d.cosine.student_layer})",
+             "hint": f"FitNets hint (teacher {d.hint.teacher_layer}, student {d.hint.student_layer})"}
+    text = " + ".join(f"{w[term]:g} x {name}" for term, name in names.items() if w[term])
     defaulted = [k for k, v in (("ce_weight", d.ce_weight), ("kd.weight", kd.weight), ("kd.temperature",
                                                                                       kd.temperature)) if v is None]
-    return text + (f"; {', '.join(defaulted)}: the {KD_NAMES[kd.method]} paper's" if defaulted and kd.resolved_weight
-                   else "")
+    return text + (f"; {', '.join(defaulted)}: the {KD_NAMES[kd.method]} paper's" if defaulted and w["kd"] else "")
 
 
 def run(ctx):
@@ -193,7 +192,7 @@ def _plan_store(ctx, teacher, train_set, data, precision):
     if d.hint.weight:
         return None, ("the hint loss needs the teacher's feature maps, which the store does not keep (kilobytes per "
                       "image)")
-    if not (d.kd.resolved_weight or d.cosine.weight):
+    if not (d.loss_weights()["kd"] or d.cosine.weight):
         return None, "no loss needs the teacher"
     a = train_set.augment
     spec = StoreSpec(
@@ -270,9 +269,7 @@ def _result(cfg, final, baseline, teacher_acc, student, teacher, replicas, preci
                "kd_temperature": d.kd.resolved_temperature, "kd_weight": d.kd.resolved_weight,
                "ce_weight": d.resolved_ce_weight, "views": labelled.augment.views,
                "labelled_images": len(labelled), "unlabelled_images": unlabelled,
-               "losses": [k for k, w in (("ce", d.resolved_ce_weight), ("kd", d.kd.resolved_weight),
-                                         ("cosine", d.cosine.weight),
-                                         ("hint", d.hint.weight)) if w]}
+               "losses": [term for term, weight in d.loss_weights().items() if weight]}
     summary = f"student {cfg.model.student}: val acc {final['val_acc']:.2f}% (teacher {teacher_acc:.2f}%)"
     outputs = [OUTPUTS["model"], OUTPUTS["metrics"]]
     if baseline:

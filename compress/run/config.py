@@ -258,16 +258,19 @@ class KDConfig:
 
     @property
     def resolved_temperature(self):
-        return self.temperature if self.temperature is not None else DEFAULT_TEMPERATURE[self.method]
+        return self.temperature if self.temperature is not None else PAPER_SETTINGS[self.method]["temperature"]
 
     @property
     def resolved_weight(self):
-        return self.weight if self.weight is not None else PAPER_WEIGHTS[self.method][1]
+        return self.weight if self.weight is not None else PAPER_SETTINGS[self.method]["weight"]
 
 
-# the papers' CIFAR settings (TOOLCHAIN.md): T, and the weights of (cross-entropy, the logit loss)
-DEFAULT_TEMPERATURE = {"hinton": 4.0, "dkd": 4.0, "dist": 4.0, "standardized": 2.0}
-PAPER_WEIGHTS = {"hinton": (0.1, 0.9), "dkd": (1.0, 1.0), "dist": (1.0, 1.0), "standardized": (0.1, 9.0)}
+# each logit loss's paper CIFAR setting (TOOLCHAIN.md): what its temperature, its weight and the cross-entropy's
+# weight beside it are when the config leaves them at null
+PAPER_SETTINGS = {"hinton": {"temperature": 4.0, "weight": 0.9, "ce_weight": 0.1},
+                  "dkd": {"temperature": 4.0, "weight": 1.0, "ce_weight": 1.0},
+                  "dist": {"temperature": 4.0, "weight": 1.0, "ce_weight": 1.0},
+                  "standardized": {"temperature": 2.0, "weight": 9.0, "ce_weight": 0.1}}
 
 
 @dataclass(frozen=True)
@@ -326,7 +329,7 @@ class DistillConfig(SGDRecipe):
     def __post_init__(self):
         problems_if(self._recipe_checks() + [
             (outside(self.ce_weight, 0, 1e6), f"ce_weight: must be >= 0, got {self.ce_weight}"),
-            (self.resolved_ce_weight + self.kd.resolved_weight + self.cosine.weight + self.hint.weight <= 0,
+            (sum(self.loss_weights().values()) <= 0,
              "ce_weight, kd.weight, cosine.weight, hint.weight: at least one must be > 0"),
             (outside(self.views, 1, 100_000),
              f"views: must be >= 1, or null for one per epoch, got {self.views} (the teacher on every batch is "
@@ -337,7 +340,12 @@ class DistillConfig(SGDRecipe):
 
     @property
     def resolved_ce_weight(self):
-        return self.ce_weight if self.ce_weight is not None else PAPER_WEIGHTS[self.kd.method][0]
+        return self.ce_weight if self.ce_weight is not None else PAPER_SETTINGS[self.kd.method]["ce_weight"]
+
+    def loss_weights(self):
+        """{term: weight} of the four distillation terms, nulls resolved; a term of weight 0 is off."""
+        return {"ce": self.resolved_ce_weight, "kd": self.kd.resolved_weight, "cosine": self.cosine.weight,
+                "hint": self.hint.weight}
 
     def views_for(self, augmented):
         """How many views each image has: 1 without augmentation (every epoch shows the same image)."""
