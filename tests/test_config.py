@@ -128,6 +128,17 @@ def test_non_finite_and_absurd_numbers_are_refused(override, message):
     assert any(p.startswith(message) for p in info.value.problems), info.value.problems
 
 
+@pytest.mark.parametrize("override,message", [
+    ("distill.ce_weight=abc", "distill.ce_weight: expected a number or null, got str 'abc'"),
+    ("distill.views=x", "distill.views: expected a whole number or null, got str 'x'"),
+    ("distill.kd.weight=nan", "distill.kd.weight: expected a finite number or null, got 'nan'"),
+])
+def test_a_key_that_may_be_null_says_so_when_its_value_is_refused(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert info.value.problems == [message]
+
+
 def test_resolved_config_round_trips_through_yaml(tmp_path):
     cfg = load_config(None, ["distill.hint.weight=0.5", "data.name=digits"])
     path = tmp_path / "resolved.yaml"

@@ -65,7 +65,12 @@ def _convert(tp, value, path, problems):
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, path, problems)
+        n_before = len(problems)
+        converted = _convert(inner, value, path, problems)
+        if len(problems) == n_before + 1 and problems[-1].startswith(f"{path}: expected "):
+            head, sep, tail = problems[-1].partition(", got ")  # null is allowed too: say so
+            problems[-1] = f"{head} or null{sep}{tail}"
+        return converted
     if origin is typing.Literal:
         if value in args:
             return value
