@@ -26,6 +26,9 @@ CANDIDATES = {  # name -> the overrides; explicit, so the table does not move wh
                                "distill.kd.temperature=4"],
     "standardized CE 0.1 KD 9 (paper)": ["distill.kd.method=standardized", "distill.ce_weight=0.1",
                                          "distill.kd.weight=9.0", "distill.kd.temperature=2"],
+    "standardized CE 0.1 KD 9 T 1": [
+        "distill.kd.method=standardized", "distill.ce_weight=0.1", "distill.kd.weight=9.0",
+        "distill.kd.temperature=1"],
 }
 
 

@@ -12,6 +12,9 @@ long schedule) run last. Results go to a JSON-lines file as they come (rerunning
     python benchmarks/bench_kd_table.py --config configs/cifar10.yaml --set data.root=../shared/data/cifar10-dev \
         --unlabeled ../shared/data/cifar10-unlabeled --work /tmp/kdtable --out benchmarks/results/kd_table.jsonl
     python benchmarks/bench_kd_table.py --out benchmarks/results/kd_table.jsonl --summary   # print the table
+
+--variant NAME=KEY=VALUE[,KEY=VALUE] runs only standardized KD with those overrides (a temperature, a weight,
+another student with "+NAME") at --short and --long, for the settings sweep in BENCHMARKS.md.
 """
 
 import argparse
@@ -32,6 +35,12 @@ METHODS = {  # the papers' CIFAR settings (TOOLCHAIN.md), the weights of CE and 
 
 def cells(args):
     """(group, name, schedule, seed, overrides, with_baseline) in run order; a group shares one store."""
+    if args.variant:  # only the variants: standardized KD with other settings, beside the dense cells' student
+        # alone, or (a name that starts with "+", e.g. another student) beside its own student alone
+        return [("dense", f"standardized {name.lstrip('+')}", epochs, seed, METHODS["standardized"] + overrides,
+                 name.startswith("+"))
+                for epochs in dict.fromkeys((args.short, args.long)) for seed in args.seeds
+                for name, overrides in args.variant]
     out = []
     for group, extra, names in (("dense", [], list(METHODS)),):
         for epochs in (args.short, args.long):
@@ -115,7 +124,7 @@ def run(args):
                               "val_acc": m["val_acc"], "alone": m.get("baseline_val_acc"), "wall_s": wall,
                               "teacher": m["teacher_val_acc"], "images_per_s": m["images_per_s"],
                               "store": m["teacher_outputs"].get("status"), "teacher_outputs": m["teacher_outputs"],
-                              "overrides": full})
+                              "overrides": full, "own_alone": bool(args.variant and baseline)})
         if key in args.export_keys and f"export {key}" not in finished:
             # "distill" is listed so a cell recorded earlier (a table that was interrupted between a cell and its
             # export) is retrained if the run directory has moved on; when it has not, the stage is found done
@@ -146,7 +155,7 @@ def summary(path):
         for r in rs:
             if r.get("alone") is not None:  # the same views; with unlabelled images it sees only the labelled
                 mix = next((m for m in ("mixup", "cutmix") if m in name), None)
-                label = "alone" + (f" +{mix}" if mix else "")
+                label = f"alone ({name})" if r.get("own_alone") else "alone" + (f" +{mix}" if mix else "")
                 if (label, epochs, r["seed"]) in seen:  # the same student alone, trained again by another cell
                     continue
                 seen.add((label, epochs, r["seed"]))
@@ -159,7 +168,7 @@ def summary(path):
     for (name, epochs), rs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         accs = [r["val_acc"] for r in rs]
         m, s = mean_std(accs)
-        base = alone.get(("alone", epochs))
+        base = alone.get((f"alone ({name})", epochs)) or alone.get(("alone", epochs))
         gain = f"{m - mean_std(base)[0]:+.2f}" if base else "-"
         print(f"| {name} | {epochs} | {m:.2f} ± {s:.2f} | {gain} | {len(accs)} | "
               f"{', '.join(f'{a:.2f}' for a in accs)} |")
@@ -202,6 +211,13 @@ def run_then_summarize(p, run_cells, summarize):
     summarize(args.out)
 
 
+def variant(text):
+    name, _, overrides = text.partition("=")
+    if not name or "=" not in overrides:
+        raise argparse.ArgumentTypeError(f"expected NAME=KEY=VALUE[,KEY=VALUE], got {text!r}")
+    return name, overrides.split(",")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p)
@@ -212,6 +228,10 @@ def main():
     p.add_argument("--unlabeled-epochs", type=int, default=80, help="a second schedule for the unlabelled cells")
     p.add_argument("--export-keys", default="standardized@160/s0,standardized@160/s1,standardized@160/s2",
                    type=lambda s: s.split(","), help="the cells whose students go through QAT+export (comma-separated)")
+    p.add_argument("--variant", action="append", default=[], type=variant, metavar="NAME=KEY=VALUE[,KEY=VALUE]",
+                   help="run only standardized KD with these overrides at --short and --long (repeatable); the gain "
+                        "is taken against the student alone of the dense cells, or, for a NAME that starts with "
+                        "'+' (another student), against that student alone, trained by the cell")
     p.add_argument("--skip", default=[], type=lambda s: s.split(","), help="cells to leave out (comma-separated keys)")
     run_then_summarize(p, run, summary)
 
