@@ -247,7 +247,8 @@ class KDConfig:
     weight: Optional[float] = _f(None, "weight of the logit loss; 0 turns it off; null: the method's paper weight "
                                        "(hinton 0.9, dkd 1, dist 1, standardized 9)")
     temperature: Optional[float] = _f(None, "softmax temperature T; null: the method's paper default (hinton, dkd, "
-                                            "dist 4; standardized 2)")
+                                            "dist 4; standardized 2, set for 100 classes: with 10, T 1 measured "
+                                            "better)")
     dkd: DKDConfig = _f(DKDConfig(), "")
     dist: DISTConfig = _f(DISTConfig(), "")
 
