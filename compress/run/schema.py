@@ -55,7 +55,9 @@ def _build_dataclass(cls, raw, path, problems):
         return None
 
 
-def _convert(tp, value, path, problems):
+def _convert(tp, value, path, problems, nullable=False):
+    """`value` as type `tp`, or _MISSING with the reason added to `problems`; `nullable`: the key also takes null,
+    and a refusal says so."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
@@ -65,12 +67,7 @@ def _convert(tp, value, path, problems):
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        n_before = len(problems)
-        converted = _convert(inner, value, path, problems)
-        if len(problems) == n_before + 1 and problems[-1].startswith(f"{path}: expected "):
-            head, sep, tail = problems[-1].partition(", got ")  # null is allowed too: say so
-            problems[-1] = f"{head} or null{sep}{tail}"
-        return converted
+        return _convert(inner, value, path, problems, nullable=True)
     if origin is typing.Literal:
         if value in args:
             return value
@@ -78,25 +75,29 @@ def _convert(tp, value, path, problems):
         return _MISSING
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            problems.append(f"{path}: expected a list, got {_describe(value)}")
+            problems.append(_expected(path, "a list", _describe(value), nullable))
             return _MISSING
         items = [_convert(args[0], v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
         return _MISSING if _MISSING in items else tuple(items)
-    return _scalar(tp, value, path, problems)
+    return _scalar(tp, value, path, problems, nullable)
 
 
-def _scalar(tp, value, path, problems):
+def _expected(path, what, got, nullable):
+    return f"{path}: expected {what}{' or null' if nullable else ''}, got {got}"
+
+
+def _scalar(tp, value, path, problems, nullable):
     if tp is bool:
         if isinstance(value, bool):
             return value
-        problems.append(f"{path}: expected true or false, got {_describe(value)}")
+        problems.append(_expected(path, "true or false", _describe(value), nullable))
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             if abs(value) < 2**53:
                 return value
             problems.append(f"{path}: {value} is far too large for this setting")
             return _MISSING
-        problems.append(f"{path}: expected a whole number, got {_describe(value)}")
+        problems.append(_expected(path, "a whole number", _describe(value), nullable))
     elif tp is float:
         number = _MISSING
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -109,13 +110,13 @@ def _scalar(tp, value, path, problems):
         if number is not _MISSING and math.isfinite(number):
             return number
         if number is not _MISSING:  # NaN slips through every `x < 0` check, inf through most: refuse both here
-            problems.append(f"{path}: expected a finite number, got {value!r}")
+            problems.append(_expected(path, "a finite number", repr(value), nullable))
             return _MISSING
-        problems.append(f"{path}: expected a number, got {_describe(value)}")
+        problems.append(_expected(path, "a number", _describe(value), nullable))
     elif tp is str:
         if isinstance(value, str):
             return value
-        problems.append(f"{path}: expected a string, got {_describe(value)}")
+        problems.append(_expected(path, "a string", _describe(value), nullable))
     else:  # pragma: no cover - a schema bug, not a user error
         raise TypeError(f"unsupported config field type {tp!r} at {path}")
     return _MISSING
