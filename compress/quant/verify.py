@@ -104,8 +104,9 @@ def verdict(speed, sizes, accuracy, float_layers, e):
         why = (f"int8 is {speedup_text(ratio)} than fp32 ({timing}) and {smaller:.1f}x smaller; {accuracies}")
         return {"deploy": "int8", "file": "model.int8.onnx", "runtime": rt, "int8_faster": True, "why": why}
     kept = f" even with {', '.join(float_layers)} kept in float" if float_layers else ""
+    which = "the faster one" if ratio < 1 else "the one"
     why = (f"int8 is {speedup_text(ratio)} than fp32{kept} ({timing}; needed {e.min_int8_speedup:g}x), so the fp32 "
-           f"file is the faster one to deploy; the int8 file is still {smaller:.1f}x smaller, if size matters more "
+           f"file is {which} to deploy; the int8 file is still {smaller:.1f}x smaller, if size matters more "
            f"than speed; {accuracies}. To make int8 pay: keep more layers in float (qat.float_layers), or choose a "
            "student with more channels per layer")
     return {"deploy": "fp32", "file": "model.fp32.onnx", "runtime": rt, "int8_faster": False, "why": why}
