@@ -37,6 +37,21 @@ def test_all_problems_reported_at_once_with_key_paths(tmp_path):
     assert str(bad) in str(info.value)
 
 
+def test_a_refused_value_is_traced_to_the_file_or_to_the_set_that_gave_it(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("teacher:\n  epochs: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(config), ["distill.kd.temperature=-1", "distill.kd.temprature=1"])
+    assert str(info.value) == ("2 config errors in --set:\n  - unknown key 'distill.kd.temprature' (did you mean "
+                               "'distill.kd.temperature'?)\n  - distill.kd.temperature: must be in (0, 1000], got -1.0")
+    assert str(config) not in str(info.value)  # the file is fine: nothing to look for there
+    config.write_text("teacher:\n  epochs: -3\ndistill:\n  epochs: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(config), ["distill={epochs: x}"])
+    assert str(info.value) == (f"2 config errors in {config}:\n  - teacher.epochs: must be between 0 and 100000, "
+                               "got -3\n  - distill.epochs: expected a whole number, got str 'x' (from --set)")
+
+
 def test_range_checks_of_a_section_are_all_reported():
     with pytest.raises(ConfigError) as info:
         load_config(None, ["teacher.lr=-1", "teacher.batch_size=0", "export.opset=9"])

@@ -481,7 +481,17 @@ def load_config(path=None, overrides=()):
     try:
         return schema.build(Config, raw)
     except ConfigError as e:
-        raise ConfigError(e.problems, source=path) from None
+        raise _named_by_origin(e.problems, path, [item.partition("=")[0].strip() for item in overrides]) from None
+
+
+def _named_by_origin(problems, path, set_keys):
+    """The error names where each refused value came from: the config file, or --set (which wins over the file,
+    so a bad --set value is no reason to open the file)."""
+    def from_set(problem):
+        return any(problem.startswith((f"{k}:", f"{k}.")) or f"unknown key '{k}" in problem for k in set_keys)
+    if problems and all(from_set(p) for p in problems):
+        return ConfigError(problems, source="--set")
+    return ConfigError([f"{p} (from --set)" if from_set(p) else p for p in problems], source=path)
 
 
 def read_yaml(path):
