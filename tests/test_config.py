@@ -50,6 +50,11 @@ def test_a_refused_value_is_traced_to_the_file_or_to_the_set_that_gave_it(tmp_pa
         load_config(str(config), ["distill={epochs: x}"])
     assert str(info.value) == (f"2 config errors in {config}:\n  - teacher.epochs: must be between 0 and 100000, "
                                "got -3\n  - distill.epochs: expected a whole number, got str 'x' (from --set)")
+    config.write_text("distill:\n  kd:\n    weightx: 2\n")  # a key that --set's key begins, but not --set's
+    with pytest.raises(ConfigError) as info:
+        load_config(str(config), ["distill.kd.weight=1"])
+    assert str(info.value) == (f"config error in {config}: unknown key 'distill.kd.weightx' (did you mean "
+                               "'distill.kd.weight'?)")
 
 
 def test_range_checks_of_a_section_are_all_reported():
