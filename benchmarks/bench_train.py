@@ -77,7 +77,7 @@ def flops_per_image(name, size, batch=16):
 
 
 def images(name, count=2048, seed=0):
-    size = SIZES.get(name, 32)
+    size = SIZES.get(name.split(":")[-1], 64 if ":" in name else 32)  # torchvision models at 64x64
     g = torch.Generator().manual_seed(seed)
     data = ImageSet(torch.randint(0, 10, (count,), generator=g), (3, size, size),
                     TensorImages(torch.randint(0, 256, (count, 3, size, size), generator=g, dtype=torch.uint8)))

@@ -144,7 +144,7 @@ def run(ctx):
     student, teacher = build_pair(cfg, data, teacher_model)  # shapes probed on the CPU, then moved
     for model in (student, teacher.model):
         model.to(env.device)
-    precision = ctx.precision().place([student, teacher.model], data.train.batch([0]).x)
+    precision = ctx.precision([student, teacher.model], data.train.batch([0]).x)
     loader, val = ctx.loaders(train_set, data.val, d.batch_size, "distill.batch_size")
     store, plan = _plan_store(ctx, teacher, train_set, data, precision)
     teacher_acc = evaluate(teacher.model, val, env, precision)["val_acc"]

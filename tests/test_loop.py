@@ -90,6 +90,38 @@ def test_train_one_epoch_runs_on_any_iterable_of_batches():
     assert sums["images"] == 32 and sums["loss"] > 0
 
 
+def test_auto_precision_on_a_cpu_trains_in_bf16_only_where_it_pays():
+    """bf16 where the CPU computes it natively, except for convolutional models built on depthwise convolutions
+    (one filter group per input channel), which train slower in it; a model with depthwise convolutions whose
+    linear layers do most of the work (ConvNeXt) keeps bf16; grouped convolutions are not depthwise; an explicit
+    choice is kept."""
+    from compress.models.registry import build_model
+    from compress.training.precision import Precision, cpu_auto, linear_share
+
+    x = torch.randn(1, 3, 32, 32)
+    dense = build_model("compact_cnn", (3, 32, 32), 10)
+    mobile = build_model("torchvision:mobilenet_v3_small", (3, 32, 32), 10)
+    grouped = nn.Sequential(nn.Conv2d(3, 32, 3, groups=1), nn.Conv2d(32, 32, 1, groups=4))
+    depthwise = nn.Sequential(nn.Conv2d(3, 16, 3), nn.Conv2d(16, 32, 3, groups=16), nn.Flatten(),
+                              nn.Linear(28 * 28 * 32, 2))
+    mlp_heavy = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 7, padding=3, groups=16),
+                              nn.Flatten(), nn.Linear(16 * 32 * 32, 512), nn.Linear(512, 2))
+    # multiply-adds by hand: 16x32x32 outputs x 27 + 16x32x32 x 49, then 16,384 x 512 + 512 x 2
+    assert linear_share([mlp_heavy], x) == (16384 * 512 + 1024) / (16384 * (27 + 49) + 16384 * 512 + 1024)
+    assert cpu_auto("amx_bf16", [dense], x) == ("bf16", "auto: this CPU computes bf16 natively (amx_bf16)")
+    assert cpu_auto("avx512_bf16", [dense, grouped], x)[0] == "bf16"
+    assert cpu_auto("amx_bf16", [dense, mobile], x) == (
+        "fp32", "auto: this CPU computes bf16 natively (amx_bf16), but bf16 trains convolutional models built on "
+                "depthwise convolutions (11 here) slower than fp32 on a CPU, so fp32")
+    assert cpu_auto("amx_bf16", [depthwise], x)[1].endswith("(1 here) slower than fp32 on a CPU, so fp32")
+    assert cpu_auto("amx_bf16", [mlp_heavy], x) == ("bf16", "auto: this CPU computes bf16 natively (amx_bf16)")
+    assert cpu_auto(None, [dense], x) == ("fp32", "auto: this CPU has no native bf16 (no avx512_bf16 or amx_bf16), "
+                                                  "so fp32")
+    assert mobile.training and dense.training  # counting ran them in eval mode and put them back
+    forced = Precision.for_run("bf16", torch.device("cpu"), [mobile], x)
+    assert forced.name == "bf16" and forced.reason == "train.precision=bf16"
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_resuming_from_a_mid_epoch_point_gives_the_uninterrupted_weights(precision):
     """Data order from (seed, epoch), learning rate from the step, RNG (dropout) reseeded every step: a run

@@ -66,6 +66,11 @@ def test_torchvision_teacher_as_given_distils_a_pretrained_torchvision_student_t
     assert any(k.startswith("external:") and k.endswith("teacher.pth") for k in manifest["teacher"]["inputs"])
     _, meta = read_weights(run / "distill" / "model.safetensors")
     assert meta["model"] == "torchvision:mobilenet_v2" and meta["input_shape"] == [3, 64, 64]
+    # train.precision auto keeps a student with depthwise convolutions in fp32 (bf16 is slower for them on a CPU)
+    distilled = manifest["distill"]["metrics"]
+    assert distilled["precision"] == "fp32", distilled["precision_reason"]
+    assert distilled["precision_reason"].endswith(("depthwise convolutions (17 here) slower than fp32 on a CPU, "
+                                                   "so fp32", "no native bf16 (no avx512_bf16 or amx_bf16), so fp32"))
     int8 = onnx.load(run / "export" / "model.int8.onnx")
     onnx.checker.check_model(int8, full_check=True)
     assert any(init.data_type == onnx.TensorProto.INT8 for init in int8.graph.initializer)

@@ -126,8 +126,9 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = _f("auto", "auto picks cuda when available (nccl), else cpu (gloo)")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _f(
         "auto", "teacher and distill training: auto = bf16 autocast on CUDA (fp16 with gradient scaling where bf16 "
-                "is missing) and on a CPU that computes bf16 natively (avx512_bf16, amx_bf16), fp32 on other CPUs; "
-                "channels-last on both; QAT always trains in fp32")
+                "is missing) and on a CPU that computes bf16 natively (avx512_bf16, amx_bf16), fp32 on other CPUs "
+                "and for convolutional models built on depthwise convolutions (MobileNets, EfficientNets: slower in "
+                "bf16 on a CPU); channels-last on both; QAT always trains in fp32")
     threads: Optional[int] = _f(None, "torch threads per process; default: OMP_NUM_THREADS if you set it (one "
                                       "process), else the CPUs this process may use (its affinity: taskset, cpuset, "
                                       "SLURM) / processes on this node; set 1 beside another busy process")

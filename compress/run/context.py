@@ -79,9 +79,11 @@ class StageContext:
         return (train_loader(train_set, per_rank, env.rank, env.world, self.cfg.seed, t.num_workers, pin),
                 eval_loader(val_set, t.eval_batch_size, env.rank, env.world, t.num_workers, pin))
 
-    def precision(self):
-        """The training precision train.precision asks for on this hardware, said once in the log."""
-        precision = Precision.for_run(self.cfg.train.precision, self.env.device)
+    def precision(self, models, example):
+        """The training precision train.precision asks for on this hardware and for these models, said once in
+        the log, with the models placed in its memory layout (`example`: one input batch)."""
+        precision = Precision.for_run(self.cfg.train.precision, self.env.device, models, example)
+        precision = precision.place(models, example)
         if self.env.is_main:
             log.info("%s: trains in %s (%s) on %s CPU thread(s) per process", self.stage,
                      precision.name if precision.dtype is None else f"{precision.name} autocast", precision.reason,

@@ -31,6 +31,54 @@ def cpu_bf16_support():
     return next((flag for flag in CPU_BF16_FLAGS if flag in flags), None)
 
 
+def depthwise_convolutions(models):
+    """How many depthwise convolutions (one filter group per input channel) the models hold."""
+    return sum(1 for model in models for m in model.modules()
+               if isinstance(m, torch.nn.Conv2d) and m.groups > 1 and m.groups == m.in_channels)
+
+
+def linear_share(models, example):
+    """The share of the models' multiply-adds (convolutions and linear layers, one forward of `example` in eval
+    mode) that linear layers do: about 0.93 for ConvNeXt's MLPs, at most 0.11 for MobileNets."""
+    macs = {"linear": 0, "all": 0}
+
+    def count(module, _, out):
+        per_output = (module.in_features if isinstance(module, torch.nn.Linear) else
+                      module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1])
+        n = out.numel() // out.shape[0] * per_output
+        macs["all"] += n
+        macs["linear"] += n if isinstance(module, torch.nn.Linear) else 0
+
+    modes = [m.training for m in models]
+    hooks = [m.register_forward_hook(count) for model in models for m in model.modules()
+             if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    try:
+        with torch.no_grad():
+            for model in models:
+                device = next((p.device for p in model.parameters()), torch.device("cpu"))
+                model.eval()(example.to(device))
+    finally:
+        for h in hooks:
+            h.remove()
+        for model, mode in zip(models, modes):
+            model.train(mode)
+    return macs["linear"] / macs["all"] if macs["all"] else 0.0
+
+
+def cpu_auto(feature, models=(), example=None):
+    """(choice, reason) of train.precision=auto on a CPU with the bf16 `feature` (None: none). bf16 only where it
+    pays: on this CPU's AMX it trained dense convolutional models 1.7x faster than fp32 (and ConvNeXt, whose
+    linear layers do most of its work, 1.5x), but convolutional models built on depthwise convolutions 1.3-2.1x
+    slower (mobilenet_v2/v3, efficientnet_b0, mnasnet, shufflenet_v2; BENCHMARKS.md): those train in fp32."""
+    if not feature:
+        return "fp32", "auto: this CPU has no native bf16 (no avx512_bf16 or amx_bf16), so fp32"
+    depthwise = depthwise_convolutions(models)
+    if depthwise and (example is None or linear_share(models, example) < 0.5):
+        return "fp32", (f"auto: this CPU computes bf16 natively ({feature}), but bf16 trains convolutional models "
+                        f"built on depthwise convolutions ({depthwise} here) slower than fp32 on a CPU, so fp32")
+    return "bf16", f"auto: this CPU computes bf16 natively ({feature})"
+
+
 class Precision:
     """fp32, or autocast (bf16, or fp16 with a gradient scaler), in a memory format: channels-last for the
     teacher and distill stages (`for_run`), the default layout for QAT and anything else (`FP32`)."""
@@ -40,20 +88,18 @@ class Precision:
         self.scaler = torch.amp.GradScaler(device_type) if dtype == torch.float16 else None
 
     @classmethod
-    def for_run(cls, choice, device):
+    def for_run(cls, choice, device, models=(), example=None):
         """auto: bf16 on CUDA (fp16 + gradient scaling where bf16 is missing) and on a CPU that computes bf16
-        natively, fp32 on other CPUs. Channels-last either way: convolutions train 1.15-2x faster in it on the
-        CPU (BENCHMARKS.md), and tensor cores want it on CUDA."""
+        natively unless `models` (the ones the stage trains or runs; `example`: one input batch) are convolutional
+        models built on depthwise convolutions (`cpu_auto`), fp32 on other CPUs. Channels-last either way:
+        convolutions train 1.15-2x faster in it on the CPU (BENCHMARKS.md), and tensor cores want it on CUDA."""
         reason = f"train.precision={choice}"
         if choice == "auto":
             if device.type == "cuda":
                 choice = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
                 reason = f"auto: CUDA {'with' if choice == 'bf16' else 'without'} bf16"
             else:
-                feature = cpu_bf16_support()
-                choice = "bf16" if feature else "fp32"
-                reason = (f"auto: this CPU computes bf16 natively ({feature})" if feature else
-                          "auto: this CPU has no native bf16 (no avx512_bf16 or amx_bf16), so fp32")
+                choice, reason = cpu_auto(cpu_bf16_support(), models, example)
         if choice == "fp16" and device.type != "cuda":
             raise InputError("train.precision=fp16 needs a CUDA device; use auto, fp32 or bf16 on the CPU")
         return cls({"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[choice], device.type,
