@@ -141,6 +141,19 @@ def mean_std(values):
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def alone_label(r):
+    """Which student alone a cell was measured against: its own (a variant that trains one), the one with the
+    same mixing, or the dense cells' student alone on the recipe's views."""
+    if r.get("own_alone"):
+        return f"alone ({r['name']})"
+    mix = next((m for m in ("mixup", "cutmix") if m in r["name"]), None)
+    return "alone" + (f" +{mix}" if mix else "")
+
+
+def same_student(r):
+    return not any(o.startswith("model.student=") for o in r.get("overrides", []))
+
+
 def summary(path):
     rows = list(done(path).values())
     teacher = next((r for r in rows if r["key"] == "teacher"), None)
@@ -150,27 +163,37 @@ def summary(path):
     for r in rows:
         if "name" in r:
             by.setdefault((r["name"], r["epochs"]), []).append(r)
-    alone, seen = {}, set()
-    for (name, epochs), rs in by.items():
-        for r in rs:
-            if r.get("alone") is not None:  # the same views; with unlabelled images it sees only the labelled
-                mix = next((m for m in ("mixup", "cutmix") if m in name), None)
-                label = f"alone ({name})" if r.get("own_alone") else "alone" + (f" +{mix}" if mix else "")
-                if (label, epochs, r["seed"]) in seen:  # the same student alone, trained again by another cell
-                    continue
-                seen.add((label, epochs, r["seed"]))
-                alone.setdefault((label, epochs), []).append(r["alone"])
-    print("\n| student | epochs | val acc (mean ± std) | vs alone (same schedule) | seeds | per seed |")
-    print("|---|---:|---:|---:|---:|---|")
-    for (label, epochs), accs in sorted(alone.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        m, s = mean_std(accs)
-        print(f"| {label} | {epochs} | {m:.2f} ± {s:.2f} | - | {len(accs)} | {', '.join(f'{a:.2f}' for a in accs)} |")
+    # the student alone, per (label, epochs, seed): a cell that trained it again got the same accuracy to the
+    # last digit (the stage is deterministic for a seed), so it is counted once
+    alone = {}
+    for r in rows:
+        if "name" in r and r.get("alone") is not None:
+            alone.setdefault((alone_label(r), r["epochs"]), {})[r["seed"]] = r["alone"]
+    print("\n| student | epochs | val acc (mean ± std) | vs alone (same schedule, paired by seed) | "
+          "vs the recipe's alone | seeds | per seed |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for (label, epochs), per_seed in sorted(alone.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        m, s = mean_std(list(per_seed.values()))
+        print(f"| {label} | {epochs} | {m:.2f} ± {s:.2f} | - | - | {len(per_seed)} | "
+              f"{', '.join(f'{a:.2f}' for a in per_seed.values())} |")
+
+    def paired(rs, label):  # mean ± std of (cell - its seed's student alone), over the seeds that have both
+        base = alone.get((label, rs[0]["epochs"]), {})
+        gains = [r["val_acc"] - base[r["seed"]] for r in rs if r["seed"] in base]
+        if not gains:
+            return "-"
+        m, s = mean_std(gains)
+        return f"{m:+.2f} ± {s:.2f}" + (f" ({len(gains)} seeds)" if len(gains) != len(rs) else "")
+
     for (name, epochs), rs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         accs = [r["val_acc"] for r in rs]
         m, s = mean_std(accs)
-        base = alone.get((f"alone ({name})", epochs)) or alone.get(("alone", epochs))
-        gain = f"{m - mean_std(base)[0]:+.2f}" if base else "-"
-        print(f"| {name} | {epochs} | {m:.2f} ± {s:.2f} | {gain} | {len(accs)} | "
+        own = {alone_label(r) for r in rs}
+        vs_own = paired(rs, own.pop()) if len(own) == 1 else "mixed"
+        # the same student beside the recipe's student alone (pad-and-crop views, no mixing): for a variant that
+        # trains its own alone with other augmentation, what a user would have had without distilling
+        vs_recipe = paired(rs, "alone") if all(same_student(r) for r in rs) else "-"
+        print(f"| {name} | {epochs} | {m:.2f} ± {s:.2f} | {vs_own} | {vs_recipe} | {len(accs)} | "
               f"{', '.join(f'{a:.2f}' for a in accs)} |")
     exports = [r for r in rows if r["key"].startswith("export")]
     if exports:
