@@ -267,7 +267,7 @@ def _result(cfg, final, baseline, teacher_acc, student, teacher, replicas, preci
                "images_per_s": final["images_per_s"], "epochs": d.epochs, "replicas_identical": replicas,
                **precision.describe(), "teacher_outputs": teacher_outputs, "kd_method": d.kd.method,
                "kd_temperature": d.kd.resolved_temperature, "kd_weight": d.kd.resolved_weight,
-               "ce_weight": d.resolved_ce_weight, "views": labelled.augment.views,
+               "ce_weight": d.resolved_ce_weight, "views": labelled.augment.views, "mix": d.mix,
                "labelled_images": len(labelled), "unlabelled_images": unlabelled,
                "losses": [term for term, weight in d.loss_weights().items() if weight]}
     summary = f"student {cfg.model.student}: val acc {final['val_acc']:.2f}% (teacher {teacher_acc:.2f}%)"
@@ -300,6 +300,9 @@ def report_notes(entry):
     if m.get("unlabelled_images"):
         extra = (f" The distilled student also learned from {m['unlabelled_images']:,} unlabelled images through the "
                  f"teacher; the student trained alone saw only the {m['labelled_images']:,} labelled ones.")
+    if m.get("mix", "none") != "none":  # the same augmentation for both, but mixing can handicap the one alone
+        extra += (f" Both students trained on {m['mix']}-mixed images, which can cost a student trained alone points "
+                  f"of its own: the student alone of a run with distill.mix=none is the one to beat.")
     return [f"Distillation ({method}) gained {m['gain_points']:+.2f} points: the distilled student reaches "
             f"{m['val_acc']:.2f}%, the same student trained alone (same initialisation, schedule, seed and augmented "
             f"views) {m['baseline_val_acc']:.2f}%; the teacher {m['teacher_val_acc']:.2f}%.{extra}"]
