@@ -189,7 +189,7 @@ def summary(path):
         accs = [r["val_acc"] for r in rs]
         m, s = mean_std(accs)
         own = {alone_label(r) for r in rs}
-        vs_own = paired(rs, own.pop()) if len(own) == 1 else "mixed"
+        vs_own = paired(rs, own.pop()) if len(own) == 1 else "- (seeds differ)"  # some trained their own alone
         # the same student beside the recipe's student alone (pad-and-crop views, no mixing): for a variant that
         # trains its own alone with other augmentation, what a user would have had without distilling
         vs_recipe = paired(rs, "alone") if all(same_student(r) for r in rs) else "-"
