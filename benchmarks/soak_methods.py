@@ -6,6 +6,7 @@ epoch (tests/faults.py), rerun to completion, and the two students' tensors comp
 generated unlabelled images keep it to seconds per run; --data-root runs it on an image folder instead.
 
     python benchmarks/soak_methods.py --seed 1
+    python benchmarks/soak_methods.py --seed 2 --set distill.mix=mixup --set distill.ce_weight=0   # function matching
 """
 
 import argparse
@@ -44,6 +45,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="more config overrides for every run, e.g. distill.mix=mixup")
     args = p.parse_args()
     rng = random.Random(args.seed)
     results = []
@@ -55,7 +58,7 @@ def main():
             Image.fromarray(image).save(os.path.join(unlabeled, f"{i}.png"))
         common = ["data.name=digits", "data.augment=pad_crop", "data.crop_padding=1", "teacher.epochs=2",
                   "teacher.batch_size=32", f"distill.epochs={args.epochs}", "distill.batch_size=32",
-                  "distill.baseline=false", f"data.unlabeled={unlabeled}", "train.checkpoint_every=7"]
+                  "distill.baseline=false", f"data.unlabeled={unlabeled}", "train.checkpoint_every=7", *args.set]
         steps = -(-(1617 + 200) // 32)
         for method in METHODS:
             settings = [*common, f"distill.kd.method={method}"]
@@ -75,7 +78,7 @@ def main():
             shutil.rmtree(straight)
             shutil.rmtree(killed)
     print(f"\n{sum(r['bit_identical'] for r in results)} of {len(results)} methods bit-identical after kill -9 "
-          f"(seed {args.seed})")
+          f"(seed {args.seed}{', ' + ' '.join(args.set) if args.set else ''})")
     sys.exit(0 if all(r["bit_identical"] for r in results) else 1)
 
 
