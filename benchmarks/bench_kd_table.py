@@ -31,10 +31,14 @@ METHODS = {  # the papers' CIFAR settings (TOOLCHAIN.md), the weights of CE and 
     "dist": ["distill.kd.method=dist", "distill.ce_weight=1.0", "distill.kd.weight=1.0"],
     "standardized": ["distill.kd.method=standardized", "distill.ce_weight=0.1", "distill.kd.weight=9.0"],
 }
+# the student alone as a distill cell of its own: no loss needs the teacher, so no store is read or built
+ALONE = ["distill.kd.weight=0", "distill.ce_weight=1.0"]
 
 
 def cells(args):
     """(group, name, schedule, seed, overrides, with_baseline) in run order; a group shares one store."""
+    if args.alone:  # only the student alone (cross-entropy only, no teacher, no store) at these schedules
+        return [("none", "alone", epochs, seed, ALONE, False) for epochs in args.alone for seed in args.seeds]
     if args.variant:  # only the variants: standardized KD with other settings, beside the dense cells' student
         # alone, or (a name that starts with "+", e.g. another student) beside its own student alone
         return [("dense", f"standardized {name.lstrip('+')}", epochs, seed, METHODS["standardized"] + overrides,
@@ -161,7 +165,7 @@ def summary(path):
         print(f"teacher: {teacher['val_acc']:.2f}% ({teacher['wall_s'] / 60:.1f} min)")
     by = {}
     for r in rows:
-        if "name" in r:
+        if "name" in r and r["name"] != "alone":  # the cells of --alone join the alone rows below
             by.setdefault((r["name"], r["epochs"]), []).append(r)
     # the student alone, per (label, epochs, seed): a cell that trained it again got the same accuracy to the
     # last digit (the stage is deterministic for a seed), so it is counted once
@@ -169,6 +173,8 @@ def summary(path):
     for r in rows:
         if "name" in r and r.get("alone") is not None:
             alone.setdefault((alone_label(r), r["epochs"]), {})[r["seed"]] = r["alone"]
+        if r.get("name") == "alone":  # a cell that trained only the student alone (--alone)
+            alone.setdefault(("alone", r["epochs"]), {})[r["seed"]] = r["val_acc"]
     print("\n| student | epochs | val acc (mean ± std) | vs alone (same schedule, paired by seed) | "
           "vs the recipe's alone | seeds | per seed |")
     print("|---|---:|---:|---:|---:|---:|---|")
@@ -248,6 +254,9 @@ def main():
     p.add_argument("--short", type=int, default=40)
     p.add_argument("--long", type=int, default=160)
     p.add_argument("--patience", type=int, help="also standardized KD and the student alone at this many epochs")
+    p.add_argument("--alone", type=lambda s: [int(x) for x in s.split(",")], metavar="EPOCHS[,EPOCHS]",
+                   help="run only the student alone (cross-entropy only, no teacher) at these schedules: how far it "
+                        "gets when it trains longer than the distilled one")
     p.add_argument("--unlabeled-epochs", type=int, default=80, help="a second schedule for the unlabelled cells")
     p.add_argument("--export-keys", default="standardized@160/s0,standardized@160/s1,standardized@160/s2",
                    type=lambda s: s.split(","), help="the cells whose students go through QAT+export (comma-separated)")
