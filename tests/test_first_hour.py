@@ -202,7 +202,8 @@ def test_dry_run_says_what_each_stage_would_do_and_writes_nothing(finished_run, 
     assert lines["distill"].split()[1] == "run" and "config changed (distill.epochs)" in lines["distill"]
     assert "distill runs first and replaces distill/model.safetensors" in lines["qat"]
     assert sorted(os.listdir(run)) == before and torch is not None
-    assert invoke("run", "--run-dir", tmp_path / "new", "--dry-run").exit_code == 0
+    fresh = invoke("run", "--run-dir", tmp_path / "new", "--dry-run")
+    assert fresh.exit_code == 0 and "not run yet" in next(x for x in fresh.stdout.splitlines() if x.startswith("teacher"))
     assert not (tmp_path / "new").exists()
 
 
