@@ -203,7 +203,8 @@ def test_dry_run_says_what_each_stage_would_do_and_writes_nothing(finished_run, 
     assert "distill runs first and replaces distill/model.safetensors" in lines["qat"]
     assert sorted(os.listdir(run)) == before and torch is not None
     fresh = invoke("run", "--run-dir", tmp_path / "new", "--dry-run")
-    assert fresh.exit_code == 0 and "not run yet" in next(x for x in fresh.stdout.splitlines() if x.startswith("teacher"))
+    teacher = next(line for line in fresh.stdout.splitlines() if line.startswith("teacher"))
+    assert fresh.exit_code == 0 and "not run yet" in teacher
     assert not (tmp_path / "new").exists()
 
 
