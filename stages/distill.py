@@ -148,7 +148,8 @@ def run(ctx):
     loader, val = ctx.loaders(train_set, data.val, d.batch_size, "distill.batch_size")
     store, plan = _plan_store(ctx, teacher, train_set, data, precision)
     teacher_acc = evaluate(teacher.model, val, env, precision)["val_acc"]
-    _warn_if_the_teacher_cannot_teach(env, teacher_acc, data.num_classes)
+    _warn_if_near_chance(env, "the teacher", teacher_acc, data.num_classes,
+                         "distilling from it cannot help; train it longer (teacher.epochs) and rerun")
     ctx.begin()
     teacher_outputs = _fill_store(ctx, store, plan, teacher, train_set, precision)
     ddp_student = dist.wrap_ddp(student, env)
@@ -159,6 +160,9 @@ def run(ctx):
     log.info("distill: loss = %s", describe_loss(d))
     history = fit(ddp_student, make_loss(d, ddp_student, teacher, store, schedule.steps_per_epoch), optimizer, loader,
                   schedule, lambda epoch: evaluate(student.student, val, env, precision), session)
+    _warn_if_near_chance(env, "the distilled student", history[-1]["val_acc"], data.num_classes,
+                         "train it longer (distill.epochs) or more gently (a lower distill.lr), and check that "
+                         "model.student suits images of data.image_size pixels")
     replicas = dist.check_replicas(env, student, "distill")
     if env.is_main:
         save_weights(ctx.run.path(OUTPUTS["model"]), student.student,
@@ -174,13 +178,12 @@ def run(ctx):
     return result
 
 
-def _warn_if_the_teacher_cannot_teach(env, accuracy, classes):
-    """One line when the teacher is barely above chance: within a tenth of the way from chance to 100%."""
+def _warn_if_near_chance(env, who, accuracy, classes, advice):
+    """One line when a model is barely above chance: within a tenth of the way from chance to 100%."""
     chance = 100.0 / classes
     if env.is_main and accuracy < chance + (100.0 - chance) / 10:
-        log.warning("distill: the teacher scores %.2f%% on the validation images, hardly better than chance (%.1f%% "
-                    "for %d classes): distilling from it cannot help; train it longer (teacher.epochs) and rerun",
-                    accuracy, chance, classes)
+        log.warning("distill: %s scores %.2f%% on the validation images, hardly better than chance (%.1f%% for %d "
+                    "classes): %s", who, accuracy, chance, classes, advice)
 
 
 def _plan_store(ctx, teacher, train_set, data, precision):

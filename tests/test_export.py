@@ -363,6 +363,36 @@ def test_int8_agreement_counts_near_ties_within_two_output_steps():
     assert compare(Fixed(), lambda x: onnx_logits, loader, tie=None)["top1_within_tie"] == pytest.approx(1 / 3)
 
 
+def test_fp32_parity_scales_with_the_logits():
+    """float32 rounds to a share of the number: logits in the millions (a student whose activations blew up) differ
+    by tens between two correct implementations, and that is not an exporter difference; logits near 1 keep the
+    absolute limit."""
+    from types import SimpleNamespace
+
+    from compress.quant.verify import checks, compare
+
+    loader = [(torch.zeros(2, 1), torch.tensor([0, 1]))]
+
+    def parity(torch_logits, onnx_logits):
+        class Fixed(torch.nn.Module):
+            def forward(self, x):
+                return torch.tensor(torch_logits)
+
+        fp32 = compare(Fixed(), lambda x: np.array(onnx_logits, dtype=np.float32), loader)
+        report = {"fp32": fp32, "int8": {**fp32, "top1_within_tie": 1.0}, "int8_kernels": {"QLinearConv": 1}}
+        e = SimpleNamespace(fp32_max_abs_diff=1e-3, fp32_min_agreement=1.0, int8_min_agreement=0.99)
+        return fp32, checks(report, e)["fp32_parity"]
+
+    fp32, check = parity([[1.2e6, -3e5], [-2e5, 9e5]], [[1.2e6 + 28.5, -3e5], [-2e5, 9e5 - 4]])
+    assert fp32["max_abs_diff"] == pytest.approx(28.5) and fp32["max_scaled_diff"] == pytest.approx(28.5 / 1.2e6)
+    assert check["ok"] and "logits up to 1.2e+06" in check["detail"]
+    fp32, check = parity([[0.5, -0.25], [0.1, 0.9]], [[0.5, -0.25], [0.1, 0.9 + 2e-3]])  # the absolute limit
+    assert not check["ok"] and fp32["max_scaled_diff"] == pytest.approx(2e-3, rel=1e-3)
+    assert "export.fp32_max_abs_diff=0.003" in check["detail"]
+    fp32, check = parity([[20.0, -5.0], [1.0, 3.0]], [[20.01, -5.0], [1.0, 3.0]])  # 0.01 of 20: 5e-4, within
+    assert check["ok"] and fp32["max_scaled_diff"] == pytest.approx(5e-4, rel=1e-2)
+
+
 def test_relu6_between_int8_layers_clamps_the_integers(tmp_path):
     """ReLU6 (mobilenets) exports as Q -> DQ -> Clip -> Q with one set of parameters; it must ship as a clamp on
     the uint8 values (Q -> Clip), which computes the same numbers without three float passes."""

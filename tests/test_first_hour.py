@@ -139,7 +139,17 @@ def test_a_teacher_no_better_than_chance_is_named_before_distilling(tmp_path, ti
     result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher,distill",
                     "--set", "teacher.epochs=1", "--set", "teacher.lr=0.0000001", "--set", "distill.epochs=1")
     assert result.exit_code == 0, result.output
+    assert "the teacher scores" in result.stderr
     assert "hardly better than chance (10.0% for 10 classes): distilling from it cannot help" in result.stderr
+
+
+def test_a_student_no_better_than_chance_is_named_with_what_to_change(tmp_path, tiny_config):
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher,distill",
+                    "--set", "distill.epochs=1", "--set", "distill.lr=0.0000001")
+    assert result.exit_code == 0, result.output
+    assert "the teacher scores" not in result.stderr
+    assert "distill: the distilled student scores" in result.stderr
+    assert "train it longer (distill.epochs) or more gently (a lower distill.lr)" in result.stderr
 
 
 def test_a_single_stage_rerun_names_the_stages_it_made_stale(finished_run, tmp_path):
