@@ -396,8 +396,8 @@ class QATConfig(OptimConfig):
 class ExportConfig:
     opset: int = _f(21, "ONNX opset (13-21); 19 and newer let onnx's reference evaluator run the int8 file")
     fp32_max_abs_diff: float = _f(1e-3, "fail if fp32 ONNX logits differ from PyTorch by more than this: absolute "
-                                        "where an image's largest absolute logit is at most 1, else a share of it (float32 "
-                                        "rounding grows with the numbers)")
+                                        "where an image's largest absolute logit is at most 1, else a share of it "
+                                        "(float32 rounding grows with the numbers)")
     fp32_min_agreement: float = _f(1.0, "fail if fp32 ONNX top-1 agrees with PyTorch on less than this share")
     int8_min_agreement: float = _f(0.99, "fail if int8 ONNX top-1 agrees with PyTorch int8 on less than this share "
                                     "(a pick within 2 steps of the logits' 8-bit resolution counts as a tie)")
