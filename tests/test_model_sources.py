@@ -106,6 +106,22 @@ def test_a_mismatch_beyond_the_head_names_the_keys(tmp_path):
         load_pretrained(build_model("compact_cnn", (1, 8, 8), 10), str(tmp_path / "rgb.pth"), "model.teacher_weights")
 
 
+
+def test_a_weights_file_that_cannot_load_fails_before_the_teacher_trains(tmp_path, tiny_config):
+    # model.student_weights is read by the distill stage: a damaged or mismatched file used to be found only
+    # after the teacher stage had trained (hours, at a user's scale); both are named at once, nothing written
+    (tmp_path / "damaged.safetensors").write_bytes(b"not a safetensors file")
+    torch.save(build_model("compact_cnn", (3, 8, 8), 10).state_dict(), tmp_path / "rgb.pth")
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--set", "model.teacher=compact_cnn",
+                    "--set", f"model.teacher_weights={tmp_path / 'rgb.pth'}",
+                    "--set", f"model.student_weights={tmp_path / 'damaged.safetensors'}")
+    assert result.exit_code == 2, result.output
+    assert "2 config errors" in result.stderr and "Traceback" not in result.stderr
+    assert "model.teacher_weights: '" in result.stderr and "does not fit this model (wrong shape: stem.0.weight" \
+        in result.stderr
+    assert "model.student_weights: '" in result.stderr and "is not a readable safetensors file" in result.stderr
+    assert not (tmp_path / "run").exists()
+
 def test_user_model_function_from_the_working_directory(tmp_path, monkeypatch):
     (tmp_path / "team_models.py").write_text(textwrap.dedent("""\
         import torch.nn as nn

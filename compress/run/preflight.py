@@ -1,9 +1,9 @@
 """Everything about a run that can be checked before a single file is written, in one explicit step.
 
 `compress.config` checks what the YAML says on its own (types, ranges, finite numbers). This module checks it
-against the world: the dataset folder exists, the model names resolve, weight files are there, and every
-training stage's global batch splits evenly over the processes of this launch. Every problem is reported at
-once, with its key, like a config error.
+against the world: the dataset folder exists, the model names resolve, weight files are there and fit their
+models, and every training stage's global batch splits evenly over the processes of this launch. Every problem
+is reported at once, with its key, like a config error.
 """
 
 import os
@@ -78,6 +78,7 @@ def _model_problems(cfg, stage_names):
             built[key] = build_model(name, shape, classes)
         except InputError as e:
             found.append(str(e) if str(e).startswith("model") else f"{key}: {e}")
+    found.extend(_weights_problems(cfg, stage_names, built))
     quantized = "model.student" if quantized_model(cfg.model, cfg.qat.source) == cfg.model.student else "model.teacher"
     if "qat" in stage_names and quantized in built:
         import torch
@@ -90,4 +91,23 @@ def _model_problems(cfg, stage_names):
         except InputError as e:
             found.append(f"{quantized}: {e}; QAT needs a model torch.fx can trace (choose another model, or "
                          "leave qat out of --stages)")
+    return found
+
+
+def _weights_problems(cfg, stage_names, built):
+    """A weights file that cannot be read, or does not fit its model, fails now - not when the stage that loads it
+    starts, after the stages before it have trained (the distill stage reads model.student_weights after the
+    teacher's hours). Loads into the throwaway models `built` by _model_problems."""
+    from compress.errors import InputError
+    from compress.models.weights import load_pretrained
+
+    found = []
+    for key, stage in (("model.teacher", "teacher"), ("model.student", "distill")):
+        path = getattr(cfg.model, f"{key.split('.')[1]}_weights")
+        if not path or stage not in stage_names or key not in built or not os.path.isfile(os.path.expanduser(path)):
+            continue  # not read by this run, or not there (problems() says so)
+        try:
+            load_pretrained(built[key], os.path.expanduser(path), f"{key}_weights")
+        except InputError as e:
+            found.append(str(e))
     return found
