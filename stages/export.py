@@ -208,6 +208,7 @@ def summary_metrics(report):
            "int8_onnx_acc": report["int8"]["onnx_acc"],
            "fp32_bytes": report["size_bytes"]["fp32"], "int8_bytes": report["size_bytes"]["int8"],
            "size_ratio": report["size_ratio_int8_fp32"], "fp32_max_abs_diff": report["fp32"]["max_abs_diff"],
+           "fp32_max_scaled_diff": report["fp32"]["max_scaled_diff"],
            "fp32_top1_agreement": report["fp32"]["top1_agreement"],
            "int8_top1_agreement": report["int8"]["top1_agreement"],
            "int8_top1_within_tie": report["int8"]["top1_within_tie"], "latency_ms": lat,

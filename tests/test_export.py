@@ -391,6 +391,8 @@ def test_fp32_parity_scales_with_the_logits():
     assert "export.fp32_max_abs_diff=0.003" in check["detail"]
     fp32, check = parity([[20.0, -5.0], [1.0, 3.0]], [[20.01, -5.0], [1.0, 3.0]])  # 0.01 of 20: 5e-4, within
     assert check["ok"] and fp32["max_scaled_diff"] == pytest.approx(5e-4, rel=1e-2)
+    fp32, check = parity([[20.0, -5.0], [1.0, 3.0]], [[float("nan"), -5.0], [1.0, 3.0]])  # a broken float student
+    assert not check["ok"] and "the logits are not finite (NaN or inf)" in check["detail"]
 
 
 def test_relu6_between_int8_layers_clamps_the_integers(tmp_path):

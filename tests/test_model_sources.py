@@ -106,6 +106,12 @@ def test_a_mismatch_beyond_the_head_names_the_keys(tmp_path):
         load_pretrained(build_model("compact_cnn", (1, 8, 8), 10), str(tmp_path / "rgb.pth"), "model.teacher_weights")
 
 
+def test_a_weights_path_under_the_home_folder_is_read_where_the_checks_found_it(tmp_path, monkeypatch):
+    # preflight and the run state expanded "~"; the loader did not, so the stage failed after the checks passed
+    monkeypatch.setenv("HOME", str(tmp_path))
+    model = build_model("compact_cnn", (1, 8, 8), 10)
+    torch.save(model.state_dict(), tmp_path / "mine.pth")
+    assert "loaded mine.pth" in load_pretrained(build_model("compact_cnn", (1, 8, 8), 10), "~/mine.pth", "model.x")
 
 def test_a_weights_file_that_cannot_load_fails_before_the_teacher_trains(tmp_path, tiny_config):
     # model.student_weights is read by the distill stage: a damaged or mismatched file used to be found only
@@ -121,6 +127,7 @@ def test_a_weights_file_that_cannot_load_fails_before_the_teacher_trains(tmp_pat
         in result.stderr
     assert "model.student_weights: '" in result.stderr and "is not a readable safetensors file" in result.stderr
     assert not (tmp_path / "run").exists()
+
 
 def test_user_model_function_from_the_working_directory(tmp_path, monkeypatch):
     (tmp_path / "team_models.py").write_text(textwrap.dedent("""\

@@ -29,6 +29,7 @@ def key_mismatch(target, tensors, wrong_label, is_wrong, describe):
 
 def read_state_dict(path, key):
     """Tensors from a .safetensors or PyTorch state-dict file, wrapper prefixes stripped."""
+    path = os.path.expanduser(path)
     if not os.path.isfile(path):
         raise InputError(f"{key}: weights file '{path}' not found")
     if path.endswith(".safetensors"):

@@ -83,7 +83,10 @@ def checks(report, e):
                                                           "no int8 kernels after optimisation: the model has no layer "
                                                           "onnxruntime runs in int8 - check qat.float_layers")},
     }
-    if not out["fp32_parity"]["ok"]:  # an exporter difference, or a tolerance too tight for this model
+    if not out["fp32_parity"]["ok"] and not math.isfinite(fp32["max_scaled_diff"]):
+        out["fp32_parity"]["detail"] += ("; the logits are not finite (NaN or inf): the float student itself is "
+                                         "broken - retrain it more gently (a lower distill.lr)")
+    elif not out["fp32_parity"]["ok"]:  # an exporter difference, or a tolerance too tight for this model
         out["fp32_parity"]["detail"] += (f"; try another opset (--set export.opset=17), or accept it with --set "
                                          f"export.fp32_max_abs_diff={_above(fp32['max_scaled_diff'])}")
     if not out["int8_parity"]["ok"]:

@@ -250,7 +250,9 @@ def plan(cfg, run_root, stage_names, force=False, world=1):
         try:
             state = decide(run, cfg, spec, force, STAGES, world)
             action, why = {"skip": "skip", "fresh": "run", "resume": "resume"}[state.action], state.reason
-            why = "not run yet" if why == "running" else why  # the live log's "teacher: running" reads as a plan
+            # the live log's reasons ("teacher: running again: ...") as a plan's
+            why = {"running": "not run yet", "running (--force)": "--force"}.get(why,
+                                                                               why.removeprefix("running again: "))
         except CompressError as e:  # an input not there yet: fine when the stage that writes it runs first
             if not upstream:
                 raise

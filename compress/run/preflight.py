@@ -107,7 +107,7 @@ def _weights_problems(cfg, stage_names, built):
         if not path or stage not in stage_names or key not in built or not os.path.isfile(os.path.expanduser(path)):
             continue  # not read by this run, or not there (problems() says so)
         try:
-            load_pretrained(built[key], os.path.expanduser(path), f"{key}_weights")
+            load_pretrained(built[key], path, f"{key}_weights")
         except InputError as e:
             found.append(str(e))
     return found
