@@ -53,12 +53,13 @@ def checkpoint(run, stage, config, epoch, step, part="", world=1, inputs=None, c
 
 def test_a_new_stage_runs_fresh(run):
     state = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1)
-    assert (state.action, state.reason, state.resume) == ("fresh", "running", {})
+    assert (state.action, state.reason, state.headline, state.resume) == ("fresh", "not run yet", "running", {})
 
 
 def test_force_runs_a_complete_stage_again(run):
     complete(run, "teacher", cfg(), [TEACHER])
-    assert decide(run, cfg(), STAGES["teacher"], True, STAGES, 1).reason == "running (--force)"
+    state = decide(run, cfg(), STAGES["teacher"], True, STAGES, 1)
+    assert (state.reason, state.headline) == ("--force", "running (--force)")
 
 
 def test_a_complete_stage_with_the_same_config_and_files_is_skipped(run):
@@ -69,7 +70,8 @@ def test_a_complete_stage_with_the_same_config_and_files_is_skipped(run):
 def test_a_changed_key_the_stage_depends_on_reruns_it_and_names_the_key(run):
     complete(run, "teacher", cfg(), [TEACHER])
     state = decide(run, cfg("teacher.epochs=5"), STAGES["teacher"], False, STAGES, 1)
-    assert state.action == "fresh" and state.reason == "running again: config changed (teacher.epochs)"
+    assert state.action == "fresh" and state.reason == "config changed (teacher.epochs)"
+    assert state.headline == "running again: config changed (teacher.epochs)"
     # a key of another stage does not touch this one
     assert decide(run, cfg("distill.epochs=5"), STAGES["teacher"], False, STAGES, 1).action == "skip"
 
@@ -95,7 +97,7 @@ def test_a_new_input_reruns_the_stage_that_read_the_old_one(run):
     write(run, TEACHER, b"a retrained teacher")
     run.update_stage("teacher", outputs={TEACHER: sha256_file(run.path(TEACHER))})
     state = decide(run, cfg(), STAGES["distill"], False, STAGES, 1)
-    assert state.reason == f"running again: its input {TEACHER} changed"
+    assert state.reason == f"its input {TEACHER} changed"
 
 
 def test_an_interrupted_stage_resumes_from_the_step_its_checkpoint_names(run):

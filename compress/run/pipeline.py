@@ -210,7 +210,7 @@ class _StageRun:
 def _run_stage(run, cfg, env, spec, stage_state, writer):
     name = spec.NAME
     if env.is_main:
-        log.info("%s: %s", name, stage_state.reason)
+        log.info("%s: %s", name, stage_state.headline)
     state = _StageRun(run, env, spec, stage_state, writer)
     ctx = StageContext(ConfigView(cfg, spec.CONFIG_KEYS), run, env, stage_state, begin=state.begin)
     try:
@@ -250,9 +250,6 @@ def plan(cfg, run_root, stage_names, force=False, world=1):
         try:
             state = decide(run, cfg, spec, force, STAGES, world)
             action, why = {"skip": "skip", "fresh": "run", "resume": "resume"}[state.action], state.reason
-            # the live log's reasons ("teacher: running again: ...") as a plan's
-            why = {"running": "not run yet", "running (--force)": "--force"}.get(why,
-                                                                               why.removeprefix("running again: "))
         except CompressError as e:  # an input not there yet: fine when the stage that writes it runs first
             if not upstream:
                 raise

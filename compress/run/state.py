@@ -41,12 +41,18 @@ class StageState:
 
     stage: str
     action: str  # "skip" | "fresh" | "resume"
-    reason: str
+    reason: str  # why, as a plan states it: "not run yet", "--force", "config changed (teacher.epochs)"
     config_hash: str
     config: dict  # the stage's slice of the config
     inputs: dict  # run-relative path (or external:<path>) -> sha256 of every file the stage reads
     sources: dict  # "stage:output" -> run-relative path of each declared input present
     resume: dict = dataclasses.field(default_factory=dict)  # part -> Resume (only when action == "resume")
+    announce: str = ""  # the live log's line when the stage starts, where it differs from `reason`
+
+    @property
+    def headline(self):
+        """What the live log says as the stage starts ("running again: config changed (qat.lr)")."""
+        return self.announce or self.reason
 
     def resume_of(self, part=""):
         return self.resume.get(part)
@@ -93,16 +99,18 @@ def decide(run, cfg, spec, force, stages, world):
             "config": config_slice(cfg, spec.CONFIG_KEYS), "inputs": inputs, "sources": sources}
     entry = entries.get(spec.NAME)
     if force:
-        return StageState(action="fresh", reason="running (--force)", **base)
+        return StageState(action="fresh", reason="--force", announce="running (--force)", **base)
     if entry and entry.get("status") == "complete":
         changed = _changes(run, entry, base)
         if not changed:
             return StageState(action="skip", reason="same config and inputs", **base)
-        return StageState(action="fresh", reason=f"running again: {changed}", **base)
+        return StageState(action="fresh", reason=changed, announce=f"running again: {changed}", **base)
     epochs = getattr(getattr(cfg, spec.NAME, None), "epochs", None)
     main, problem = read_resume(run, spec.NAME, "", epochs)
     if main is None:
-        return StageState(action="fresh", reason=f"{problem}; starting over" if problem else "running", **base)
+        if problem:
+            return StageState(action="fresh", reason=f"{problem}; starting over", **base)
+        return StageState(action="fresh", reason="not run yet", announce="running", **base)
     if main.extra["_made_with"] != {"config_hash": base["config_hash"], "inputs": inputs}:
         return StageState(action="fresh", reason="the interrupted run used another config or inputs; starting over",
                           **base)
