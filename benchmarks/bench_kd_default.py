@@ -81,7 +81,7 @@ def main():
     add_run_args(p)
     p.add_argument("--epochs", default="8,32", type=lambda s: [int(x) for x in s.split(",")],
                    help="student schedules (the default run's 8 epochs and a longer one)")
-    run_then_summarize(p, run, summary)
+    run_then_summarize(p, run, lambda args: summary(args.out))
 
 
 if __name__ == "__main__":

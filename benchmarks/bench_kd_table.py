@@ -158,11 +158,16 @@ def same_student(r):
     return not any(o.startswith("model.student=") for o in r.get("overrides", []))
 
 
-def summary(path):
+def summary(path, alone_from=()):
     rows = list(done(path).values())
     teacher = next((r for r in rows if r["key"] == "teacher"), None)
     if teacher:
         print(f"teacher: {teacher['val_acc']:.2f}% ({teacher['wall_s'] / 60:.1f} min)")
+    # the student alone of another table (it trains without a teacher, so a table with another teacher can be
+    # paired with it seed by seed instead of training it again)
+    schedules = {r.get("epochs") for r in rows}
+    others = [r for other in alone_from for r in done(other).values()
+              if same_student(r) and r.get("epochs") in schedules]
     by = {}
     for r in rows:
         if "name" in r and r["name"] != "alone":  # the cells of --alone join the alone rows below
@@ -170,7 +175,7 @@ def summary(path):
     # the student alone, per (label, epochs, seed): a cell that trained it again got the same accuracy to the
     # last digit (the stage is deterministic for a seed), so it is counted once
     alone = {}
-    for r in rows:
+    for r in others + rows:  # this table's own student alone, where it has one, over another table's
         if "name" in r and r.get("alone") is not None:
             alone.setdefault((alone_label(r), r["epochs"]), {})[r["seed"]] = r["alone"]
         if r.get("name") == "alone":  # a cell that trained only the student alone (--alone)
@@ -237,7 +242,7 @@ def run_then_summarize(p, run_cells, summarize):
         if not args.work:
             p.error("--work is required to run cells")
         run_cells(args)
-    summarize(args.out)
+    summarize(args)
 
 
 def variant(text):
@@ -265,7 +270,10 @@ def main():
                         "is taken against the student alone of the dense cells, or, for a NAME that starts with "
                         "'+' (another student), against that student alone, trained by the cell")
     p.add_argument("--skip", default=[], type=lambda s: s.split(","), help="cells to leave out (comma-separated keys)")
-    run_then_summarize(p, run, summary)
+    p.add_argument("--alone-from", action="append", default=[], metavar="JSONL",
+                   help="also pair with the student alone recorded in this results file (a table with another teacher "
+                        "need not train the student alone again: it does not depend on the teacher)")
+    run_then_summarize(p, run, lambda args: summary(args.out, args.alone_from))
 
 
 if __name__ == "__main__":
