@@ -145,13 +145,21 @@ def mean_std(values):
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def setting(r, key, default=None):
+    """The value a cell ran with for `key`: its last override of it, or `default`."""
+    found = [o.split("=", 1)[1] for o in r.get("overrides", []) if o.startswith(key + "=")]
+    return found[-1] if found else default
+
+
 def alone_label(r):
-    """Which student alone a cell was measured against: its own (a variant that trains one), the one with the
-    same mixing, or the dense cells' student alone on the recipe's views."""
-    if r.get("own_alone"):
-        return f"alone ({r['name']})"
-    mix = next((m for m in ("mixup", "cutmix") if m in r["name"]), None)
-    return "alone" + (f" +{mix}" if mix else "")
+    """The student alone a cell is paired with: the same student on the same augmentation, mixed too where the
+    cell trained its own student alone with distill.mix (one that did not is paired with the student a user would
+    otherwise have trained, unmixed). Cells that trained the same student alone share a label, so their seeds
+    pool."""
+    student = (setting(r, "model.student") or "").rpartition(":")[2]
+    mix = setting(r, "distill.mix", "none")
+    mixed = f"+{mix}" if mix != "none" and setting(r, "distill.baseline") == "true" else ""
+    return " ".join(p for p in ("alone", student, setting(r, "data.augment", ""), mixed) if p)
 
 
 def same_student(r):
