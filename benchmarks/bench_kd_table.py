@@ -173,9 +173,9 @@ def summary(path, alone_from=()):
         print(f"teacher: {teacher['val_acc']:.2f}% ({teacher['wall_s'] / 60:.1f} min)")
     # the student alone of another table (it trains without a teacher, so a table with another teacher can be
     # paired with it seed by seed instead of training it again)
-    schedules = {r.get("epochs") for r in rows}
+    wanted = {(label, r["epochs"]) for r in rows if "name" in r for label in (alone_label(r), "alone")}
     others = [r for other in alone_from for r in done(other).values()
-              if same_student(r) and r.get("epochs") in schedules]
+              if "name" in r and (alone_label(r), r["epochs"]) in wanted]
     by = {}
     for r in rows:
         if "name" in r and r["name"] != "alone":  # the cells of --alone join the alone rows below
