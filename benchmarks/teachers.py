@@ -56,6 +56,9 @@ def main():
     c.add_argument("out")
     c.add_argument("members", nargs="+")
     args = p.parse_args()
+    missing = [m for m in args.members if not os.path.isfile(m)]
+    if missing:
+        p.error(f"member weights file '{missing[0]}' not found; pass each teacher's model.safetensors")
     n = combine(args.out, args.members)
     print(f"{args.out}: {n} tensors from {len(args.members)} members")
 
