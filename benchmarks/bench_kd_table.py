@@ -163,7 +163,7 @@ def alone_label(r):
 
 
 def same_student(r):
-    return not any(o.startswith("model.student=") for o in r.get("overrides", []))
+    return setting(r, "model.student") is None
 
 
 def summary(path, alone_from=()):

@@ -19,6 +19,7 @@ import os
 import torch
 from torch import nn
 
+from compress.fileio import atomic_write_bytes
 from compress.models.registry import MODELS
 
 
@@ -40,12 +41,10 @@ def resnet20_x3(num_classes, in_channels, image_size):
 
 def combine(out, members):
     """One safetensors file for a LogitEnsemble from its members' files (`members.<i>.<key>`)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save
 
     state = {f"members.{i}.{k}": v for i, path in enumerate(members) for k, v in load_file(path).items()}
-    tmp = out + ".tmp"
-    save_file(state, tmp)
-    os.replace(tmp, out)
+    atomic_write_bytes(out, save(state))
     return len(state)
 
 
