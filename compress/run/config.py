@@ -300,7 +300,8 @@ class CosineConfig:
 
 @dataclass(frozen=True)
 class HintConfig:
-    weight: float = _f(0.0, "weight of the FitNets hint loss (MSE after a trainable regressor); 0 turns it off")
+    weight: float = _f(0.0, "weight of the FitNets hint loss (MSE after a trainable regressor); 0 turns it off; with a "
+                       "hint the teacher runs on every batch (its feature maps are not stored)")
     teacher_layer: str = _f("layers", "teacher module giving the hint")
     student_layer: str = _f("block2", "student module that learns it")
     regressor: Literal["conv3x3", "conv1x1", "linear"] = _f(
