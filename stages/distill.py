@@ -14,10 +14,10 @@ import torch
 
 from compress.data.datasets import load_data
 from compress.data.sampling import train_loader
-from compress.distill.feature_losses import cosine_loss, hint_loss, make_regressor, reduce_width
+from compress.distill.feature_losses import cosine_loss, hint_loss
 from compress.distill.logit_losses import logit_loss
 from compress.distill.store import StoreSpec, TeacherOutputStore, default_top_k
-from compress.distill.teacher import FrozenTeacher, StudentWithRegressor, feature_shapes
+from compress.distill.teacher import FrozenTeacher, StudentWithRegressor, wire_features
 from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained
 from compress.run.contract import File, Input, StageResult
@@ -57,20 +57,9 @@ def new_student(cfg, data):
 def build_pair(cfg, data, teacher_model):
     """(student with its hint regressor, frozen teacher), wired by layer name; the feature shapes are probed on
     one example and checked before any training."""
-    d = cfg.distill
-    s_cos, s_hint = (d.cosine.student_layer if d.cosine.weight else None), (d.hint.student_layer if d.hint.weight
-                                                                            else None)
-    t_cos, t_hint = (d.cosine.teacher_layer if d.cosine.weight else None), (d.hint.teacher_layer if d.hint.weight
-                                                                            else None)
     student_model = new_student(cfg, data)
-    shapes = feature_shapes(student_model, teacher_model, [n for n in (s_cos, s_hint) if n],
-                            [n for n in (t_cos, t_hint) if n], data.val.batch([0, 1]).x)
-    width, regressor = None, None
-    if t_cos:
-        width = int(torch.Size(shapes[("student", s_cos)]).numel())
-        reduce_width(torch.zeros(1, *shapes[("teacher", t_cos)]), width)  # a teacher narrower than the student
-    if t_hint:
-        regressor = make_regressor(d.hint.regressor, shapes[("student", s_hint)], shapes[("teacher", t_hint)])
+    s_cos, s_hint, t_cos, t_hint, width, regressor = wire_features(cfg.distill, student_model, teacher_model,
+                                                                   data.val.batch([0, 1]).x)
     return (StudentWithRegressor(student_model, s_cos, s_hint, regressor),
             FrozenTeacher(teacher_model, t_cos, t_hint, width))
 

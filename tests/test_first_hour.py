@@ -225,3 +225,19 @@ def test_small_things(tmp_path, finished_run, monkeypatch):
     shutil.copytree(finished_run, tmp_path / "artifacts" / "default")
     shown = invoke("show")
     assert shown.exit_code == 0 and "teacher  complete" in shown.stdout
+
+
+@pytest.mark.parametrize("settings, expected", [
+    (["distill.hint.student_layer=block7"], "distill.hint.student_layer: the student has no layer 'block7'"),
+    (["distill.hint.teacher_layer=block7"], "distill.hint.teacher_layer: the teacher has no layer 'block7'"),
+    (["distill.hint.student_layer=stem"], "distill.hint: student features"),
+    (["distill.cosine.weight=1", "distill.cosine.student_layer=stem"], "distill.cosine: cannot reduce"),
+])
+def test_a_feature_loss_layer_that_cannot_work_fails_before_the_teacher_trains(tiny_config, tmp_path, settings,
+                                                                                 expected):
+    """Was: the teacher trained (half an hour in the cifar10 recipe), then distill stopped on the layer."""
+    args = [a for s in settings for a in ("--set", s)]
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", *args)
+    assert result.exit_code == 2, result.output
+    assert expected in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()

@@ -122,7 +122,9 @@ def test_a_weights_file_that_cannot_load_fails_before_the_teacher_trains(tmp_pat
                     "--set", f"model.teacher_weights={tmp_path / 'rgb.pth'}",
                     "--set", f"model.student_weights={tmp_path / 'damaged.safetensors'}")
     assert result.exit_code == 2, result.output
-    assert "2 config errors" in result.stderr and "Traceback" not in result.stderr
+    assert "3 config errors" in result.stderr and "Traceback" not in result.stderr
+    # the tiny config's hint reads the teacher's 'layers', which compact_cnn does not have: named in the same breath
+    assert "distill.hint.teacher_layer: the teacher has no layer 'layers'" in result.stderr
     assert "model.teacher_weights: '" in result.stderr and "does not fit this model (wrong shape: stem.0.weight" \
         in result.stderr
     assert "model.student_weights: '" in result.stderr and "is not a readable safetensors file" in result.stderr

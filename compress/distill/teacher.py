@@ -5,8 +5,9 @@ unmodified models."""
 import torch
 from torch import nn
 
-from compress.distill.feature_losses import reduce_width
-from compress.models.features import FeatureTap
+from compress.distill.feature_losses import make_regressor, reduce_width
+from compress.errors import InputError
+from compress.models.features import FeatureTap, layer_list
 
 
 class StudentWithRegressor(nn.Module):
@@ -66,3 +67,39 @@ def feature_shapes(student, teacher, student_layers, teacher_layers, example):
             tap.remove()
         shapes.update({(role, k): tuple(v.shape[1:]) for k, v in tap.outputs.items()})
     return shapes
+
+
+def layer_problems(d, student, teacher):
+    """Each layer the feature losses of distill config `d` name that its model does not have, as one line naming
+    the key (checked before anything is written; `teacher` may be None when it is not needed)."""
+    found = []
+    for loss in ("cosine", "hint"):
+        if not getattr(d, loss).weight:
+            continue
+        for role, model in (("teacher", teacher), ("student", student)):
+            name = getattr(getattr(d, loss), f"{role}_layer")
+            if model is not None and (not name or name not in dict(model.named_modules())):
+                found.append(f"distill.{loss}.{role}_layer: the {role} has no layer '{name}'; available layers: "
+                             f"{layer_list(model)}")
+    return found
+
+
+def wire_features(d, student, teacher, example):
+    """The feature losses of distill config `d` wired by layer name: (student cosine layer, student hint layer,
+    teacher cosine layer, teacher hint layer, cosine width, hint regressor), None where a loss is off. The
+    shapes are probed with one forward pass of `example` in eval mode; layers whose shapes cannot be matched are
+    an InputError, before any training."""
+    s_cos, t_cos = (d.cosine.student_layer, d.cosine.teacher_layer) if d.cosine.weight else (None, None)
+    s_hint, t_hint = (d.hint.student_layer, d.hint.teacher_layer) if d.hint.weight else (None, None)
+    shapes = feature_shapes(student, teacher, [n for n in (s_cos, s_hint) if n], [n for n in (t_cos, t_hint) if n],
+                            example)
+    width, regressor = None, None
+    if t_cos:
+        width = int(torch.Size(shapes[("student", s_cos)]).numel())
+        try:
+            reduce_width(torch.zeros(1, *shapes[("teacher", t_cos)]), width)  # a teacher narrower than the student
+        except InputError as e:
+            raise InputError(f"distill.cosine: {e}") from None
+    if t_hint:
+        regressor = make_regressor(d.hint.regressor, shapes[("student", s_hint)], shapes[("teacher", t_hint)])
+    return s_cos, s_hint, t_cos, t_hint, width, regressor

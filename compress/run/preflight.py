@@ -79,6 +79,7 @@ def _model_problems(cfg, stage_names):
         except InputError as e:
             found.append(str(e) if str(e).startswith("model") else f"{key}: {e}")
     found.extend(_weights_problems(cfg, stage_names, built))
+    found.extend(_feature_problems(cfg, stage_names, built, shape))
     quantized = "model.student" if quantized_model(cfg.model, cfg.qat.source) == cfg.model.student else "model.teacher"
     if "qat" in stage_names and quantized in built:
         import torch
@@ -91,6 +92,29 @@ def _model_problems(cfg, stage_names):
         except InputError as e:
             found.append(f"{quantized}: {e}; QAT needs a model torch.fx can trace (choose another model, or "
                          "leave qat out of --stages)")
+    return found
+
+
+def _feature_problems(cfg, stage_names, built, input_shape):
+    """The cosine and hint losses' layers: a name the student has not, or - when this run trains the teacher
+    first - a teacher layer it has not or feature shapes no regressor can match, fails now, not when distill starts
+    after the teacher's hours. One forward pass of zeros through the throwaway models. (A run that starts at
+    distill checks the teacher's layers there, after the checkpoint it loads is known to fit model.teacher.)"""
+    d = cfg.distill
+    if "distill" not in stage_names or not (d.cosine.weight or d.hint.weight) or "model.student" not in built:
+        return []
+    import torch
+
+    from compress.distill.teacher import layer_problems, wire_features
+    from compress.errors import InputError
+
+    student, teacher = built["model.student"], built.get("model.teacher")
+    found = layer_problems(d, student, teacher)
+    if not found and teacher is not None:
+        try:
+            wire_features(d, student, teacher, torch.zeros(2, *input_shape))
+        except InputError as e:
+            found.append(str(e))
     return found
 
 
