@@ -1,6 +1,7 @@
 import json
 import os
 
+import pytest
 import yaml
 
 from compress.run.config import load_config
@@ -83,6 +84,21 @@ def test_a_stage_needs_its_input(tmp_path, tiny_config):
     result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "empty", "--stages", "distill")
     assert result.exit_code == 2
     assert "run the teacher stage first: teacher/model.safetensors is not in" in result.stderr
+
+
+@pytest.mark.parametrize("stages, missing", [
+    ("teacher,export", "export: run the distill stage first: distill/model.safetensors"),
+    ("teacher,distill,export", "export: run the qat stage first: qat/qat.safetensors"),
+    ("teacher,qat", "qat: run the distill stage first: distill/model.safetensors"),
+])
+def test_a_stage_whose_input_no_earlier_stage_writes_stops_before_the_teacher_trains(tmp_path, tiny_config, stages,
+                                                                                      missing):
+    """Was: --dry-run said "export: run, after teacher", and the run trained the teacher, then stopped at export."""
+    for dry in (["--dry-run"], []):
+        result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "new", "--stages", stages, *dry)
+        assert result.exit_code == 2, result.output
+        assert missing in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "new").exists()
 
 
 def test_show_reports_modified_files(run_copy):

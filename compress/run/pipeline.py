@@ -13,7 +13,7 @@ import time
 
 import yaml
 
-from compress.errors import CompressError, Interrupted, StageFailed
+from compress.errors import CompressError, InputError, Interrupted, StageFailed
 from compress.fileio import sha256_file
 from compress.run import preflight, schema
 from compress.run.config import ConfigView, read_yaml
@@ -21,7 +21,7 @@ from compress.run.context import StageContext
 from compress.run.contract import StageResult
 from compress.run.report import write_report
 from compress.run.rundir import RunDir, RunLock, now, versions
-from compress.run.state import StageState, decide, stage_states
+from compress.run.state import StageState, decide, missing_upstream, stage_states
 from compress.training import distributed as dist
 from compress.training import interrupt
 from stages import STAGES
@@ -132,12 +132,18 @@ def _check_before_writing(cfg, run, stage_names, world):
     mapping) or None."""
     data = preflight.check(cfg, stage_names, world)
     run.check_usable()
-    run.manifest()  # a corrupt manifest is reported before any work starts
+    _refuse_missing_upstream(run, cfg, stage_names)  # also reports a corrupt manifest before any work starts
     for line in data["lines"]:
         log.info("%s", line)
     for note in data["notes"]:
         log.warning("data: %s", note)
     return read_yaml(run.config_path) if os.path.isfile(run.config_path) else None
+
+
+def _refuse_missing_upstream(run, cfg, stage_names):
+    missing = missing_upstream(run, cfg, stage_names, STAGES)
+    if missing:
+        raise InputError(missing)
 
 
 class _run_lock:
@@ -242,6 +248,7 @@ def plan(cfg, run_root, stage_names, force=False, world=1):
     run = RunDir(run_root)
     data = preflight.check(cfg, stage_names, world)
     run.check_usable()
+    _refuse_missing_upstream(run, cfg, stage_names)
     rows, running = [], {}
     for name in stage_names:
         spec = STAGES[name]

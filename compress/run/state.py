@@ -150,21 +150,49 @@ def _inputs(run, cfg, spec, entries, states, stages):
         if isinstance(item, File):  # outside the run directory (pretrained weights)
             inputs[item.input_key] = _external_sha256(item)
             continue
-        rel = stages[item.stage].OUTPUTS[item.output]
+        rel, present = _upstream_output(run, entries, stages, item)
         entry = entries.get(item.stage) or {}
-        recorded = entry.get("status") == "complete" and rel in entry.get("outputs", {})
-        present = recorded and os.path.isfile(run.path(rel))
         if not item.required and not (present and states[item.stage][0] == "complete"):
             continue
         if not present:
-            raise InputError(f"run the {item.stage} stage first: {rel} is not in {run.root} "
-                             f"(add {item.stage} to --stages, or point --run-dir at a run that has it)")
+            raise InputError(_missing_message(run, item, rel))
         if states[item.stage][0] != "complete":
             log.warning("%s: reading %s from the %s stage, which is stale (%s)", spec.NAME, rel, item.stage,
                         states[item.stage][1])
         inputs[rel] = entry["outputs"][rel]
         sources[f"{item.stage}:{item.output}"] = rel
     return inputs, sources
+
+
+def missing_upstream(run, cfg, stage_names, stages):
+    """The first required input of a requested stage that neither the run directory holds nor an earlier stage of
+    this run writes, as one sentence; '' when every stage will find its inputs. Asked before anything is written,
+    so `--stages teacher,export` in a new run directory stops now, not after the teacher has trained."""
+    from compress.run.contract import Input
+
+    entries = run.manifest()["stages"]
+    for name in stage_names:
+        spec = stages[name]
+        for item in spec.inputs(ConfigView(cfg, spec.CONFIG_KEYS)):
+            if not isinstance(item, Input) or not item.required or item.stage in stage_names:
+                continue
+            rel, present = _upstream_output(run, entries, stages, item)
+            if not present:
+                return f"{name}: {_missing_message(run, item, rel)}"
+    return ""
+
+
+def _upstream_output(run, entries, stages, item):
+    """(run-relative path, whether the run directory holds it as its stage last recorded) of Input `item`."""
+    rel = stages[item.stage].OUTPUTS[item.output]
+    entry = entries.get(item.stage) or {}
+    recorded = entry.get("status") == "complete" and rel in entry.get("outputs", {})
+    return rel, recorded and os.path.isfile(run.path(rel))
+
+
+def _missing_message(run, item, rel):
+    return (f"run the {item.stage} stage first: {rel} is not in {run.root} "
+            f"(add {item.stage} to --stages, or point --run-dir at a run that has it)")
 
 
 def _external_sha256(item):
