@@ -221,3 +221,19 @@ def test_unlabelled_and_mixed_images_in_the_label_loss():
     # sample 0: its own label, weight 1; sample 1: unlabelled, weight 0; sample 2: 1/4 own label, 3/4 partner's
     expected = (each[0] + 0.25 * each[1] + 0.75 * each[2]) / 2.0
     assert label_loss(logits, batch).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_an_epoch_resumed_after_its_last_step_reports_no_speed_but_keeps_its_loss():
+    """Interrupted after the last step of an epoch, the rerun trains no image of it: its speed is not a figure
+    (it was millions of images/s: every image over no time), while its loss still averages the whole epoch."""
+    data = tiny_data()
+    model = tiny_model()
+    loader = train_loader(data, 16, 0, 1, seed=0)
+    steps = len(loader)
+    running = {"images": 96.0, "loss": 96 * 0.5, "ce": 0.0}
+    session = Session(name="tiny", seed_key=(0, "tiny"), resume=ResumePoint(0, steps, [], running))
+    history = fit(model, ce(model), torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                  Schedule("constant", 0.1, 2, steps), evaluate_on(model, data), session)
+    assert history[0]["images_per_s"] is None
+    assert history[0]["train_loss"] == pytest.approx(0.5)
+    assert history[1]["images_per_s"] > 0  # the next epoch trains every image again

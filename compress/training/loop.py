@@ -86,12 +86,14 @@ def fit(model, loss_fn, optimizer, loader, schedule, evaluate_fn, session, on_ep
         if on_epoch_start:
             on_epoch_start(epoch)
         loader.sampler.set_epoch(epoch, session.resume.step if epoch == session.resume.epoch else 0)
+        carried = _carried_images(session, epoch)
         began = time.perf_counter()
         sums = train_one_epoch(model, loss_fn, optimizer, loader, schedule, epoch, session)
         seconds = time.perf_counter() - began
+        trained = sums["images"] - carried  # this run's images: the speed is theirs over this run's seconds
         dist.sync_buffers(session.env, unwrap(model))  # rank 0's BN statistics / observer ranges are saved
         metrics = {"epoch": epoch + 1, **epoch_losses(sums), **evaluate_fn(epoch),
-                   "images_per_s": round(sums["images"] / seconds, 1) if seconds > 0 else None,
+                   "images_per_s": round(trained / seconds, 1) if seconds > 0 and trained > 0 else None,
                    "seconds": round(seconds, 2), "lr_end": optimizer.param_groups[0]["lr"]}
         history.append(metrics)
         if session.env.is_main:
@@ -100,6 +102,17 @@ def fit(model, loss_fn, optimizer, loader, schedule, evaluate_fn, session, on_ep
         if session.log_epoch:
             session.log_epoch(history)
     return list(history)
+
+
+def _carried_images(session, epoch):
+    """The images of `epoch` trained before the resume point (0 unless resuming into it mid-epoch). Rank 0 alone
+    holds the epoch's running sums, so every rank asks it - the same collective on each, since the resume point
+    is the same on each."""
+    resume = session.resume
+    if epoch != resume.epoch or not resume.step:
+        return 0.0
+    mine = float((resume.running or {}).get("images", 0.0))
+    return float(dist.all_reduce(session.env, torch.tensor([mine], dtype=torch.float64)).item())
 
 
 def train_one_epoch(model, loss_fn, optimizer, loader, schedule, epoch, session):
