@@ -124,6 +124,39 @@ def test_an_unlabelled_folder_without_images_or_with_a_broken_one_is_one_clear_e
     assert "distill" not in json.loads((run / "manifest.json").read_text())["stages"]  # nothing was written
 
 
+def test_unlabelled_files_that_are_not_images_stop_the_run_before_the_teacher_trains(tiny_config, tmp_path,
+                                                                                        unlabeled):
+    """Was: the teacher trained (half an hour in the cifar10 recipe), then distill named one bad file, and the
+    next run the next one. Headers are read up front and every bad file is named in one sentence."""
+    broken = tmp_path / "broken"
+    shutil.copytree(unlabeled, broken)
+    (broken / "batch1" / "bad.png").write_bytes(b"not a png at all")
+    (broken / "empty.jpg").write_bytes(b"")
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--set", f"data.unlabeled={broken}")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    line = next(x for x in result.stderr.splitlines() if "data.unlabeled" in x)
+    assert str(broken / "batch1" / "bad.png") in line and str(broken / "empty.jpg") in line
+    assert "1 more of the 42 files cannot be read either" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_truncated_unlabelled_images_are_all_named_when_distill_decodes_them(teacher_run, tiny_config, tmp_path,
+                                                                             unlabeled):
+    """A truncated image has a good header, so only decoding finds it: distill names every one, and writes
+    nothing of its own."""
+    run = copy_of(teacher_run, tmp_path)
+    cut = tmp_path / "cut"
+    shutil.copytree(unlabeled, cut)
+    victims = [cut / "batch0" / "0.png", cut / "batch2" / "5.png"]
+    for path in victims:
+        path.write_bytes(path.read_bytes()[:60])  # the header survives, the pixels do not
+    proc = distill(run, tiny_config, f"data.unlabeled={cut}", in_process=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"cannot read image '{victims[0]}' (OSError: image file is truncated)" in proc.stderr
+    assert f"1 more of the 40 files cannot be read either: '{victims[1]}'" in proc.stderr
+    assert "distill" not in json.loads((run / "manifest.json").read_text())["stages"]
+
+
 def test_kill_9_with_unlabelled_images_resumes_bit_identically(teacher_run, tiny_config, tmp_path, unlabeled):
     """DIST (whose intra-class term relates the samples of a batch) with unlabelled images; every method is
     checked the same way by benchmarks/soak_methods.py."""

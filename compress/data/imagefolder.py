@@ -118,6 +118,35 @@ def unlabeled_files(cfg):
     return files
 
 
+def unlabeled_problem(cfg):
+    """data.unlabeled's problem as one sentence, or '': the folder is missing, holds no image, or holds files that
+    are not images by their header. Only headers are read (0.5 s for 20,000 files here), so the distill stage
+    does not stop on a file that is no image after the teacher has trained; a truncated image is still found
+    only when distill decodes it."""
+    try:
+        files = unlabeled_files(cfg)
+    except InputError as e:
+        return str(e)
+    bad = []
+    for path in files:
+        try:
+            imageio.open_image(path, decode=False)
+        except InputError as e:
+            bad.append((path, str(e)))
+    return f"data.unlabeled: {unreadable_sentence(bad, len(files))}" if bad else ""
+
+
+def unreadable_sentence(bad, total):
+    """One sentence for [(path, its error)] of `total` files: the first error in full, then how many more and
+    which (the first few), so one run names every file to fix, not one per run."""
+    first = bad[0][1]
+    if len(bad) == 1:
+        return first
+    shown = ", ".join(f"'{p}'" for p, _ in bad[1:4])
+    more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+    return f"{first}; {len(bad) - 1} more of the {total:,} files cannot be read either: {shown}{more}"
+
+
 def load_unlabeled(cfg, train):
     """data.unlabeled's images as a set with label -1, at the training images' shape and eval rule (decoded
     once into memory when they fit data.cache_mb, so an unreadable file is found here, naming it)."""

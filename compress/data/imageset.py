@@ -23,6 +23,7 @@ import torch
 
 from compress.data import transforms
 from compress.deploy import imageio
+from compress.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -139,13 +140,28 @@ class FileImages:
         return _to_tensor(imageio.resize_and_crop(pil, self.rule), self.image_shape[0])
 
     def _fill_cache(self, budget):
-        first = self._decode(0)
-        estimate = first.numel() * len(self.files)
-        if estimate > budget:
-            log.info("data: %d images (~%d MB decoded) exceed data.cache_mb; decoding them every batch",
-                     len(self.files), estimate // 2**20)
-            return
-        self.cache = [first] + [self._decode(i) for i in range(1, len(self.files))]
+        decoded, bad = [], []
+        for i, path in enumerate(self.files):
+            try:
+                image = self._decode(i)
+            except InputError as e:  # keep going: one run names every file to fix, not one file a run
+                bad.append((path, str(e)))
+                continue
+            if not decoded and image.numel() * len(self.files) > budget:
+                _raise_unreadable(bad, len(self.files))
+                log.info("data: %d images (~%d MB decoded) exceed data.cache_mb; decoding them every batch",
+                         len(self.files), image.numel() * len(self.files) // 2**20)
+                return
+            decoded.append(image)
+        _raise_unreadable(bad, len(self.files))
+        self.cache = decoded
+
+
+def _raise_unreadable(bad, total):
+    if bad:
+        from compress.data.imagefolder import unreadable_sentence
+
+        raise InputError(unreadable_sentence(bad, total))
 
 
 class ConcatImages:

@@ -28,9 +28,10 @@ def resize_rule(size, eval_crop=1.0):
             "interpolation": "bilinear", "antialias": True, "crop": "center"}
 
 
-def open_image(path, max_pixels=None):
+def open_image(path, max_pixels=None, decode=True):
     """A decoded PIL image, or an InputError naming the file (missing, unreadable, or too large to be a
-    real image: a decompression bomb)."""
+    real image: a decompression bomb). With `decode` False only the header is read (tens of microseconds a
+    file): a file that is no image is found, a truncated one is not."""
     from PIL import Image, UnidentifiedImageError
 
     limit = max_pixels or Image.MAX_IMAGE_PIXELS
@@ -48,7 +49,10 @@ def open_image(path, max_pixels=None):
             im = Image.open(path)
             if im.width * im.height > limit:
                 raise Image.DecompressionBombError(f"{im.width * im.height} pixels")
-            im.load()
+            if decode:
+                im.load()
+            else:
+                im.close()
             return im
     except FileNotFoundError:
         raise InputError(f"image '{path}' not found") from None
@@ -58,7 +62,10 @@ def open_image(path, max_pixels=None):
         raise InputError(f"image '{path}' is too large to decode safely (over {limit:,} pixels; a decompression "
                          "bomb?); resize it first") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise InputError(f"cannot read image '{path}' ({e.__class__.__name__}); fix or remove it "
+        why = e.__class__.__name__  # Pillow's own words only where they add to it ("image file is truncated")
+        if not isinstance(e, UnidentifiedImageError) and str(e) and path not in str(e):
+            why += f": {printable(str(e), 80)}"
+        raise InputError(f"cannot read image '{path}' ({why}); fix or remove it "
                          "(PNG, JPEG, BMP, TIFF, WebP are read)") from None
 
 

@@ -31,6 +31,12 @@ def problems(cfg, stage_names, world_size):
         path = getattr(cfg.model, key)
         if path and not os.path.isfile(os.path.expanduser(path)):
             found.append(f"model.{key}: file '{path}' not found")
+    if "distill" in stage_names and data.unlabeled:
+        from compress.data.imagefolder import unlabeled_problem
+
+        problem = unlabeled_problem(data)
+        if problem:
+            found.append(problem)
     if "export" in stage_names:
         from compress.deploy.runtimes import installed
 
