@@ -84,6 +84,18 @@ def test_predict_gives_the_labels_pytorch_gives(finished_run, tmp_path):
     assert got == expected
 
 
+def test_predict_on_a_run_whose_export_is_stale_says_so(run_copy, tmp_path):
+    """Was: after `--stages qat` ran again, predict used the old int8 file with no word of it."""
+    paths, _ = write_val_pngs(tmp_path, count=1)
+    fresh = invoke("predict", run_copy, *paths)
+    assert fresh.exit_code == 0 and "using model." in fresh.stderr and "warning" not in fresh.stderr
+    assert invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.lr=0.0002").exit_code == 0
+    result = invoke("predict", run_copy, *paths)
+    assert result.exit_code == 0, result.output
+    assert (f"warning: export is invalidated (qat/qat.safetensors changed since this stage ran): these files are "
+            f"from before that; refresh them with: compress run --run-dir {run_copy} --stages export") in result.stderr
+
+
 def test_predict_and_bench_from_the_installed_script(finished_run, tmp_path):
     paths, _ = write_val_pngs(tmp_path, count=2)
     model = finished_run / "export" / "model.int8.onnx"

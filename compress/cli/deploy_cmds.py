@@ -28,7 +28,20 @@ def _model(path):
     file, note = deployed_file(path)
     if note:
         click.echo(f"using {note}", err=True)
+        _warn_if_stale(path)
     return OnnxModel(file)
+
+
+def _warn_if_stale(run_dir):
+    """A run whose qat (or an earlier stage) ran again after export holds ONNX files of the model before: say so."""
+    from compress.run.rundir import RunDir
+    from compress.run.state import stage_states
+    from stages import ORDER
+
+    state, detail = stage_states(RunDir(run_dir), ORDER)["export"]
+    if state != "complete":
+        click.echo(f"warning: export is {state} ({detail}): these files are from before that; refresh them with: "
+                   f"compress run --run-dir {run_dir} --stages export", err=True)
 
 
 @cli.command()

@@ -18,7 +18,6 @@ from compress.errors import CompressError, InputError
 from compress.fileio import sha256_file
 from compress.run.config import ConfigView, config_slice, section_hash
 from compress.run.contract import EXTERNAL, File
-from compress.training.checkpoint import read_metadata, resume_state_problem
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +76,8 @@ def read_resume(run, stage, part="", epochs=None):
     path = run.path(rel)
     if not os.path.isfile(path):
         return None, ""
+    from compress.training.checkpoint import read_metadata, resume_state_problem  # torch: only when there is one
+
     try:
         state = read_metadata(path).get("state")
     except CompressError as e:
