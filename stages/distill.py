@@ -111,7 +111,7 @@ KD_NAMES = {"hinton": "Hinton KD", "dkd": "DKD", "dist": "DIST", "standardized":
 
 def describe_loss(d):
     """The loss in words, as the log shows it: '0.1 x cross-entropy + 9 x standardized-logit KD (T 2); ce_weight,
-    kd.weight, kd.temperature: the standardized-logit KD paper's' (the last part names what was left at null)."""
+    kd.weight, kd.temperature: the standardized-logit KD paper's values' (the last part names what was left at null)."""
     kd, w = d.kd, d.loss_weights()
     names = {"ce": "cross-entropy", "kd": f"{KD_NAMES[kd.method]} (T {kd.resolved_temperature:g})",
              "cosine": f"cosine loss (teacher {d.cosine.teacher_layer}, student {d.cosine.student_layer})",
@@ -119,7 +119,8 @@ def describe_loss(d):
     text = " + ".join(f"{w[term]:g} x {name}" for term, name in names.items() if w[term])
     defaulted = [k for k, v in (("ce_weight", d.ce_weight), ("kd.weight", kd.weight), ("kd.temperature",
                                                                                       kd.temperature)) if v is None]
-    return text + (f"; {', '.join(defaulted)}: the {KD_NAMES[kd.method]} paper's" if defaulted and w["kd"] else "")
+    return text + (f"; {', '.join(defaulted)}: the {KD_NAMES[kd.method]} paper's values" if defaulted and w["kd"]
+                   else "")
 
 
 def run(ctx):

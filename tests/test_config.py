@@ -87,7 +87,7 @@ def test_each_logit_loss_gets_its_papers_weights_unless_the_config_sets_them():
     from stages.distill import describe_loss  # what the log says the stage trains on
     assert describe_loss(load_config(None).distill).startswith("0.1 x cross-entropy + 9 x standardized-logit KD (T 2)")
     assert describe_loss(load_config(None, ["distill.kd.method=hinton", "distill.ce_weight=0.5"]).distill) == (
-        "0.5 x cross-entropy + 0.9 x Hinton KD (T 4); kd.weight, kd.temperature: the Hinton KD paper's")
+        "0.5 x cross-entropy + 0.9 x Hinton KD (T 4); kd.weight, kd.temperature: the Hinton KD paper's values")
     with pytest.raises(ConfigError, match="at least one must be > 0"):
         load_config(None, ["distill.ce_weight=0", "distill.kd.weight=0"])
 

@@ -43,6 +43,8 @@ def test_recipes_work_by_name_and_by_their_repository_path_from_any_folder(tmp_p
     listing = compress_subprocess("config", "--list", cwd=tmp_path).stdout
     assert {"cifar10", "default", "digits-quick", "cifar10-tutorial", "imagefolder-resnet18"} <= {
         line.split()[0] for line in listing.splitlines()}
+    for line in listing.splitlines():  # was: cut at the end of the comment's first line ("... a few minutes on a")
+        assert line.rstrip().endswith((".", " ...")), line
     missing = compress_subprocess("run", "-c", "cifar11", cwd=tmp_path)
     assert missing.returncode == 2 and "not found, and it names no shipped recipe" in missing.stderr
     assert "cifar10, cifar10-tutorial, default" in missing.stderr and not list(tmp_path.iterdir())

@@ -5,6 +5,7 @@ size is replaced (one log line says so); any other mismatch is an error naming t
 """
 
 import os
+import pickle
 
 import torch
 from torch import nn
@@ -44,7 +45,10 @@ def read_state_dict(path, key):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # UnpicklingError for pickled code; RuntimeError/EOFError for damaged files
-            first = str(e).strip().splitlines()[0][:160] if str(e).strip() else e.__class__.__name__
+            # torch's own words where they are words (pickled code, a damaged zip); a bare key or a struct
+            # error from reading some other file ('174812789') says nothing to a user
+            first = (str(e).strip().splitlines()[0][:160] if isinstance(e, (pickle.UnpicklingError, RuntimeError))
+                     and str(e).strip() else "not a file torch.save wrote, or a damaged one")
             raise InputError(f"{key}: '{path}' is not a plain state dict that torch.load(weights_only=True) can read "
                              f"({first}); save `model.state_dict()` (or convert it to .safetensors)") from None
         state = _unwrap_checkpoint(state)

@@ -22,10 +22,18 @@ def path_of(name):
 
 
 def summary(name):
-    """The first line of the recipe's opening comment."""
+    """The first sentence of the recipe's opening comment (which may run over several lines), at most 150
+    characters."""
+    words = []
     with open(path_of(name), encoding="utf-8") as f:
-        first = f.readline()
-    return first.lstrip("#").strip() if first.startswith("#") else ""
+        for line in f:
+            if not line.startswith("#"):
+                break
+            words.append(line.lstrip("#").strip())
+    text = " ".join(w for w in words if w)
+    end = text.find(". ")
+    text = text[:end + 1] if end >= 0 else text
+    return text if len(text) <= 150 else text[:text.rfind(" ", 0, 148)] + " ..."
 
 
 def resolve(value):

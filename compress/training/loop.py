@@ -144,7 +144,8 @@ def train_one_epoch(model, loss_fn, optimizer, loader, schedule, epoch, session)
         if stop:  # Ctrl-C / SIGTERM on any rank: this step is done; checkpoint and leave together
             bar.close()
             session.checkpoint(epoch, step + 1, sums)
-            session.stop(f"interrupted at epoch {epoch + 1} of {session.name} (after {step + 1} of its {steps} steps)")
+            done = f"after {'the last' if step + 1 == steps else step + 1} of its {steps} steps"
+            session.stop(f"interrupted at epoch {epoch + 1} of {session.name} ({done})")
         if session.save_every and (step + 1) % session.save_every == 0 and step + 1 < steps:
             session.checkpoint(epoch, step + 1, sums)
     bar.close()
