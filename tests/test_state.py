@@ -114,7 +114,7 @@ def test_a_checkpoint_of_another_config_or_a_damaged_one_starts_over(run):
     run.update_stage("teacher", status="interrupted")
     checkpoint(run, "teacher", cfg(), epoch=1, step=7, config_hash="0123456789abcdef")
     assert decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason == (
-        "the interrupted run used another config or inputs; starting over")
+        "its resume checkpoint is from a run with another config or inputs; starting over")
     checkpoint(run, "teacher", cfg(), epoch=9, step=0)  # beyond the configured 4 epochs
     reason = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason
     assert reason.startswith("the resume checkpoint is damaged ('epoch' 9 is beyond") and "starting over" in reason

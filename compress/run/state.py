@@ -113,8 +113,8 @@ def decide(run, cfg, spec, force, stages, world):
             return StageState(action="fresh", reason=f"{problem}; starting over", **base)
         return StageState(action="fresh", reason="not run yet", announce="running", **base)
     if main.extra["_made_with"] != {"config_hash": base["config_hash"], "inputs": inputs}:
-        return StageState(action="fresh", reason="the interrupted run used another config or inputs; starting over",
-                          **base)
+        return StageState(action="fresh", reason="its resume checkpoint is from a run with another config or inputs; "
+                                                 "starting over", **base)
     resume = {"": _same_world(main, world)}
     for part in getattr(spec, "PARTS", ())[1:]:
         other, _ = read_resume(run, spec.NAME, part, epochs)
