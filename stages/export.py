@@ -255,7 +255,7 @@ def report_rows(entry, path):
 def report_notes(entry):
     """The verdict, what QAT bought over post-training quantization, and int8 vs fp32 in every runtime."""
     m = entry["metrics"]
-    notes = [f"Deploy {m['deploy']}: {m['deploy_why']}.",
+    notes = [f"Deploy export/{m['deploy']}: {m['deploy_why']}.",
              "The fp32 ONNX file is the float student as the qat stage received it (before QAT); the int8 files are "
              "made from it - by QAT, and for comparison by post-training quantization."]
     if "ptq_onnx_acc" in m:

@@ -312,7 +312,7 @@ def test_an_int8_model_not_fast_enough_ends_in_a_verdict_for_the_fp32_file(tmp_p
     assert verdict["why"].startswith("int8 is") and "than fp32 (batch 64, " in verdict["why"]
     assert f"int8 {speed['int8_ms']:.2f} ms vs fp32 {speed['fp32_ms']:.2f} ms; needed 100x)" in verdict["why"]
     assert "x smaller, if size matters more than speed" in verdict["why"]
-    assert f"Deploy model.fp32.onnx: {verdict['why']}" in (run / "report.md").read_text()
+    assert f"Deploy export/model.fp32.onnx: {verdict['why']}" in (run / "report.md").read_text()
     for name in ("model.fp32.onnx", "model.int8.onnx", "model.ptq.onnx", "export.json"):
         assert (run / "export" / name).is_file()
     image = next((tmp_path / "img" / "val" / "a").iterdir())

@@ -119,6 +119,8 @@ def plot(rows, path):
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     markers = "osD^vP*Xhp<>"
+    rows = [r for r in rows if r["val_acc"] is not None and (r["size_bytes"] is not None or  # drawn in a plot:
+                                                              r["latency_b64_ms"] is not None)]  # in the legend
     style = {r["artifact"]: (f"C{i % 10}", markers[i % len(markers)]) for i, r in enumerate(rows)}
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
     for ax, key, label in ((axes[0], "size_bytes", "file size (KB, log scale)"),
