@@ -21,7 +21,7 @@ from compress.models.registry import build_model, count_parameters
 from compress.quant import fx
 from compress.quant.onnx_export import export_onnx
 from compress.quant.ptq import quantize_ptq
-from compress.quant.verify import checks, compare, onnx_accuracy, output_step, speed_gate, verdict
+from compress.quant.verify import checks, compare, onnx_correct, output_step, paired, speed_gate, verdict
 from compress.run.config import quantized_model
 from compress.run.contract import Input, StageResult
 from compress.training import interrupt
@@ -120,15 +120,19 @@ def _parity(float_model, int8_model, paths, loader):
     """fp32 and QAT int8 files against their PyTorch models on the validation set, the int8 kernels onnxruntime
     runs, and the PTQ file's accuracy (it has no PyTorch counterpart)."""
     out = {"fp32": compare(float_model, OnnxModel(paths["fp32"]), loader)}
+    out["fp32"].pop("correct")
     # Two int8 implementations round differently, and the differences add up through a deep network: a pick
     # within two steps of the int8 logits' resolution from torch's best is a tie, not a disagreement
     step = output_step(paths["int8"])
     out["int8"] = compare(int8_model, OnnxModel(paths["int8"]), loader, tie=None if step is None else 2 * step)
+    qat_correct = out["int8"].pop("correct")
     ops = optimized_op_types(paths["int8"])
     out["int8_kernels"] = {op: n for op, n in ops.items() if op in INT8_KERNELS}
     out["int8_optimized_ops"] = ops
     if "ptq" in paths:
-        out["ptq"] = {"onnx_acc": onnx_accuracy(OnnxModel(paths["ptq"]), loader),
+        ptq_correct = onnx_correct(OnnxModel(paths["ptq"]), loader)
+        out["ptq"] = {"onnx_acc": 100.0 * float(ptq_correct.mean()) if len(ptq_correct) else 0.0,
+                      "vs_qat": paired(qat_correct, ptq_correct),  # only_first: QAT alone right; only_second: PTQ
                       "int8_kernels": {op: n for op, n in optimized_op_types(paths["ptq"]).items()
                                        if op in INT8_KERNELS}}
     return out
@@ -216,8 +220,11 @@ def summary_metrics(report):
            "runtimes": list(report["runtimes"]), "float_layers": report["float_layers"], "deploy": v["file"],
            "deploy_why": v["why"]}
     if "ptq" in report:
+        pair = report["ptq"]["vs_qat"]
         out.update(ptq_onnx_acc=report["ptq"]["onnx_acc"], ptq_bytes=report["size_bytes"]["ptq"],
-                   qat_minus_ptq_points=round(report["int8"]["onnx_acc"] - report["ptq"]["onnx_acc"], 4))
+                   qat_minus_ptq_points=round(report["int8"]["onnx_acc"] - report["ptq"]["onnx_acc"], 4),
+                   qat_only_right=pair["only_first"], ptq_only_right=pair["only_second"], qat_vs_ptq_p=pair["p"],
+                   val_images=report["int8"]["samples"])
     return out
 
 
@@ -261,8 +268,23 @@ def report_notes(entry):
     if "ptq_onnx_acc" in m:
         notes.append(f"QAT against post-training quantization of the same float student (onnxruntime static PTQ, "
                      f"model.ptq.onnx): {m['int8_onnx_acc']:.2f}% vs {m['ptq_onnx_acc']:.2f}% "
-                     f"({m['qat_minus_ptq_points']:+.2f} points from the qat stage).")
+                     f"({m['qat_minus_ptq_points']:+.2f} points from the qat stage){_beyond_noise(m)}.")
     return notes
+
+
+def _beyond_noise(m):
+    """Whether QAT and PTQ differ by more than chance, from the images only one of them gets right."""
+    if "qat_vs_ptq_p" not in m:  # an export from before this was measured
+        return ""
+    qat, ptq, p = m["qat_only_right"], m["ptq_only_right"], m["qat_vs_ptq_p"]
+    told = (f"; of {m['val_images']:,} validation images, {qat} are right only with QAT and {ptq} only with PTQ "
+            f"(McNemar p = {p:.2g})")
+    if p >= 0.05:
+        return told + ": within noise, so the two int8 files are equally accurate on this evidence"
+    if qat > ptq:
+        return told + ": QAT is more accurate beyond noise"
+    return (told + ": post-training quantization is more accurate beyond noise here; model.ptq.onnx is the int8 "
+            "file to try first (its latency is in the table), or lower qat.lr")
 
 
 def _latency_pair(cells):

@@ -315,6 +315,10 @@ def test_an_int8_model_not_fast_enough_ends_in_a_verdict_for_the_fp32_file(tmp_p
     assert f"Deploy export/model.fp32.onnx: {verdict['why']}" in (run / "report.md").read_text()
     for name in ("model.fp32.onnx", "model.int8.onnx", "model.ptq.onnx", "export.json"):
         assert (run / "export" / name).is_file()
+    pair = export["ptq"]["vs_qat"]  # QAT against PTQ: the images only one of them gets right, and their weight
+    assert pair["only_first"] + pair["only_second"] <= export["int8"]["samples"] and 0 <= pair["p"] <= 1
+    assert f"{pair['only_first']} are right only with QAT and {pair['only_second']} only with PTQ" in (
+        run / "report.md").read_text()
     image = next((tmp_path / "img" / "val" / "a").iterdir())
     predicted = invoke("predict", run, image)
     assert predicted.exit_code == 0 and "using model.fp32.onnx, as export recommends" in predicted.stderr
@@ -373,6 +377,22 @@ def test_int8_agreement_counts_near_ties_within_two_output_steps():
     assert compare(Fixed(), lambda x: onnx_logits, loader)["top1_within_tie"] == pytest.approx(1 / 3)
     # logits left float: two steps of 8-bit resolution over their range (3.0 / 255 * 2 = 0.0235) - too fine here
     assert compare(Fixed(), lambda x: onnx_logits, loader, tie=None)["top1_within_tie"] == pytest.approx(1 / 3)
+
+
+def test_qat_against_ptq_counts_the_images_only_one_gets_right_and_tests_them_exactly():
+    """McNemar's exact test by hand: with n images only one file gets right, and k the fewer of them,
+    p = 2 * sum(C(n, i), i <= k) / 2^n, capped at 1."""
+    from compress.quant.verify import onnx_correct, paired
+
+    qat = np.array([True] * 10 + [True, False, False, False, False, False, False, False, False])
+    ptq = np.array([True] * 10 + [False, True, True, True, True, True, True, True, True])
+    assert paired(qat, ptq) == {"only_first": 1, "only_second": 8, "p": round(2 * (1 + 9) / 512, 4)}  # 0.0391
+    assert paired(ptq, ptq) == {"only_first": 0, "only_second": 0, "p": 1.0}
+    assert paired(qat[:12], ptq[:12])["p"] == 1.0  # one each way: 2 * (1 + 2) / 4, capped
+    assert paired(np.zeros(6, bool), np.ones(6, bool))["p"] == round(2 / 64, 4)
+    loader = [(torch.zeros(2, 1), torch.tensor([0, 1])), (torch.zeros(1, 1), torch.tensor([2]))]
+    logits = iter([np.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), np.array([[0.0, 0.0, 1.0]])])
+    assert onnx_correct(lambda x: next(logits), loader).tolist() == [True, False, True]
 
 
 def test_fp32_parity_scales_with_the_logits():

@@ -14,13 +14,20 @@ from compress.deploy.onnx_model import read_onnx
 from compress.deploy.runtimes import compare_in_openvino, onnxruntime_session
 
 
-def onnx_accuracy(onnx_model, loader):
-    """Top-1 accuracy (%) of an ONNX file on a labelled loader (a file with no PyTorch counterpart: PTQ)."""
-    correct = count = 0
-    for x, y, *_ in loader:
-        correct += int((onnx_model(x.numpy()).argmax(1) == y.numpy()).sum())
-        count += len(y)
-    return 100.0 * correct / max(count, 1)
+def onnx_correct(onnx_model, loader):
+    """Whether an ONNX file's top-1 pick is right, per image of a labelled loader (a bool array)."""
+    return np.concatenate([onnx_model(x.numpy()).argmax(1) == y.numpy() for x, y, *_ in loader] or
+                          [np.zeros(0, dtype=bool)])
+
+
+def paired(first, second):
+    """Two files' per-image correctness on the same images, compared: how many each alone got right, and the
+    exact two-sided McNemar p-value of the difference (only the images they disagree on carry evidence; p near
+    1: the accuracies differ by chance alone; below 0.05: a difference beyond noise)."""
+    only_first, only_second = int((first & ~second).sum()), int((second & ~first).sum())
+    n, k = only_first + only_second, min(only_first, only_second)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+    return {"only_first": only_first, "only_second": only_second, "p": round(p, 4)}
 
 
 @torch.no_grad()
@@ -43,7 +50,8 @@ def compare(torch_model, onnx_model, loader, tie=0.0):
     diff = np.abs(expected - got)
     # float32 rounding grows with the numbers: each image's difference against its largest |logit| (when above 1)
     scale = np.maximum(np.abs(expected).max(1), 1.0)
-    return {"max_abs_diff": float(diff.max()), "max_abs_logit": float(np.abs(expected).max()),
+    return {"correct": picked == labels,  # per image (not JSON: a caller pairs it with another file's, then drops it)
+            "max_abs_diff": float(diff.max()), "max_abs_logit": float(np.abs(expected).max()),
             "max_scaled_diff": float((diff.max(1) / scale).max()),
             "top1_agreement": float((expected.argmax(1) == picked).mean()), "top1_within_tie": float(within.mean()),
             "tie": tie, "torch_acc": 100.0 * float((expected.argmax(1) == labels).mean()),
