@@ -37,3 +37,52 @@ def training_threads(local_world=1, environ=None):
 def cpu_share(processes):
     """Threads for each of `processes` processes on this node: the usable CPUs divided among them, at least 1."""
     return max(1, usable_cpus() // max(1, processes))
+
+
+def busy_elsewhere(seconds=0.2):
+    """How many of this process's usable CPUs other processes kept busy over the next `seconds` (in cores, e.g.
+    1.7), or None where /proc/stat cannot say (not Linux). Read just before training starts, while this process
+    is idle: a neighbour on a core makes every thread scheduled there wait for it."""
+    import time
+
+    def sample():
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                lines = [line.split() for line in f if line.startswith("cpu") and line[3] != " "]
+        except OSError:
+            return None
+        mine = usable_set()
+        # user nice system idle iowait irq softirq steal: busy = all but idle and iowait
+        return {int(p[0][3:]): (sum(map(int, p[1:9])), int(p[4]) + int(p[5])) for p in lines
+                if int(p[0][3:]) in mine}
+
+    before, own_before = sample(), time.process_time()
+    if not before:
+        return None
+    time.sleep(seconds)
+    after, own = sample(), time.process_time() - own_before
+    total = sum(after[c][0] - before[c][0] for c in before)
+    idle = sum(after[c][1] - before[c][1] for c in before)
+    if total <= 0:
+        return None
+    busy_cores = (total - idle) / total * len(before)
+    return max(0.0, busy_cores - own / seconds)
+
+
+def usable_set():
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def crowding_note(threads, busy):
+    """A warning when other processes keep cores busy that this process's `threads` threads will share, or ''."""
+    if busy is None or threads <= 1 or busy < 0.5:
+        return ""
+    free = max(1, min(threads, round(usable_cpus() - busy)))
+    if free >= threads:
+        return ""
+    return (f"other processes are keeping {busy:.1f} of this process's {usable_cpus()} CPUs busy: with {threads} "
+            f"threads every step waits for the busiest core (8x slower beside one busy core, BENCHMARKS.md); "
+            f"--set train.threads={free} makes each step wait on fewer shared cores")

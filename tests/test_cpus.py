@@ -38,3 +38,28 @@ def test_a_run_takes_the_users_omp_num_threads_and_says_so(tmp_path, tiny_config
                                "teacher.epochs=1", "--set", "data.limit=64", env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert "on 1 (OMP_NUM_THREADS) CPU thread(s) per process" in (run / "log.txt").read_text()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="/proc/stat is Linux-only")
+def test_a_busy_neighbour_is_seen_and_named_with_the_thread_count_that_avoids_it():
+    """Was: beside a busy process the default 2 threads ran 8x slower, and nothing said so (a user's first run took
+    10 minutes). A process spinning on one of our CPUs is counted (a lower bound: other load only adds)."""
+    from compress.cpus import busy_elsewhere, crowding_note
+
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 4: pass"
+    neighbour = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        import time
+
+        time.sleep(0.8)  # the interpreter has started and is spinning
+        busy = busy_elsewhere(0.5)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert busy is not None and busy >= 0.6, busy
+    cpus = usable_cpus()
+    assert crowding_note(cpus, None) == "" and crowding_note(1, 5.0) == "" and crowding_note(cpus, 0.3) == ""
+    if cpus >= 2:
+        note = crowding_note(cpus, cpus - 0.9)  # all but about one CPU taken
+        assert f"keeping {cpus - 0.9:.1f} of this process's {cpus} CPUs busy" in note
+        assert note.endswith("--set train.threads=1 makes each step wait on fewer shared cores")

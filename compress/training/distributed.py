@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
-from compress.cpus import training_threads
+from compress.cpus import busy_elsewhere, crowding_note, training_threads
 from compress.errors import CompressError, InputError, MirroredError
 from compress.fileio import dumps
 
@@ -71,6 +71,10 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
     why = "train.threads"
     if not threads:
         threads, why = training_threads(local_world)
+        if device.type == "cpu" and threads > 1 and local_world == 1:  # no count chosen: say when ours is wrong
+            note = crowding_note(threads, busy_elsewhere())
+            if note:
+                log.warning("%s", note)
     torch.set_num_threads(threads)
     backend = ""
     if world > 1:
