@@ -6,7 +6,7 @@ import os
 import torch
 
 from compress.data.builtin import _split, augment_of
-from compress.data.imageset import UNLABELLED, FileImages, ImageSet
+from compress.data.imageset import UNLABELLED, FileImages, ImageSet, unreadable_sentence
 from compress.data.registry import input_shape_of
 from compress.deploy import imageio
 from compress.errors import InputError
@@ -134,17 +134,6 @@ def unlabeled_problem(cfg):
         except InputError as e:
             bad.append((path, str(e)))
     return f"data.unlabeled: {unreadable_sentence(bad, len(files))}" if bad else ""
-
-
-def unreadable_sentence(bad, total):
-    """One sentence for [(path, its error)] of `total` files: the first error in full, then how many more and
-    which (the first few), so one run names every file to fix, not one per run."""
-    first = bad[0][1]
-    if len(bad) == 1:
-        return first
-    shown = ", ".join(f"'{p}'" for p, _ in bad[1:4])
-    more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
-    return f"{first}; {len(bad) - 1} more of the {total:,} files cannot be read either: {shown}{more}"
 
 
 def load_unlabeled(cfg, train):

@@ -159,9 +159,18 @@ class FileImages:
 
 def _raise_unreadable(bad, total):
     if bad:
-        from compress.data.imagefolder import unreadable_sentence
-
         raise InputError(unreadable_sentence(bad, total))
+
+
+def unreadable_sentence(bad, total):
+    """One sentence for [(path, its error)] of `total` files: the first error in full, then how many more and
+    which (the first few), so one run names every file to fix, not one per run."""
+    first = bad[0][1]
+    if len(bad) == 1:
+        return first
+    shown = ", ".join(f"'{p}'" for p, _ in bad[1:4])
+    more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+    return f"{first}; {len(bad) - 1} more of the {total:,} files cannot be read either: {shown}{more}"
 
 
 class ConcatImages:
