@@ -92,8 +92,11 @@ def test_predict_on_a_run_whose_export_is_stale_says_so(run_copy, tmp_path):
     assert invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.lr=0.0002").exit_code == 0
     result = invoke("predict", run_copy, *paths)
     assert result.exit_code == 0, result.output
-    assert (f"warning: export is invalidated (qat/qat.safetensors changed since this stage ran): these files are "
-            f"from before that; refresh them with: compress run --run-dir {run_copy} --stages export") in result.stderr
+    assert (f"warning: export is stale (qat/qat.safetensors changed since this stage ran): these files were made "
+            f"before that; `compress run --run-dir {run_copy}` brings the run up to date") in result.stderr
+    (run_copy / "manifest.json").write_text("{not json")  # no readable manifest: the files are still served
+    unreadable = invoke("predict", run_copy, *paths)
+    assert unreadable.exit_code == 0 and "warning" not in unreadable.stderr, unreadable.output
 
 
 def test_predict_and_bench_from_the_installed_script(finished_run, tmp_path):

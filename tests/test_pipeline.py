@@ -94,8 +94,8 @@ def test_a_stage_needs_its_input(tmp_path, tiny_config):
 def test_a_stage_whose_input_no_earlier_stage_writes_stops_before_the_teacher_trains(tmp_path, tiny_config, stages,
                                                                                       missing):
     """Was: --dry-run said "export: run, after teacher", and the run trained the teacher, then stopped at export."""
-    for dry in (["--dry-run"], []):
-        result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "new", "--stages", stages, *dry)
+    for launch in (["--dry-run"], [], ["--nproc-per-node", "2"]):  # the launcher refuses before torchrun starts
+        result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "new", "--stages", stages, *launch)
         assert result.exit_code == 2, result.output
         assert missing in result.stderr and "Traceback" not in result.output
     assert not (tmp_path / "new").exists()

@@ -12,7 +12,7 @@ from compress.errors import InputError
 from compress.fileio import atomic_write_bytes, sha256_file
 from compress.run.config import config_slice, load_config, section_hash
 from compress.run.rundir import RunDir
-from compress.run.state import checkpoint_rel, decide, stage_states
+from compress.run.state import checkpoint_rel, decide, missing_upstream, stage_states
 from compress.training.checkpoint import save_training_state
 from stages import STAGES
 
@@ -87,6 +87,15 @@ def test_a_missing_or_modified_output_reruns_the_stage(run):
 def test_a_stage_whose_input_is_not_there_says_which_stage_to_run(run):
     with pytest.raises(InputError, match="run the teacher stage first: teacher/model.safetensors is not in"):
         decide(run, cfg(), STAGES["distill"], False, STAGES, 1)
+    complete(run, "teacher", cfg(), [TEACHER])
+    run.update_stage("teacher", status="interrupted")  # rerun and stopped: its old file is there, not current
+    assert os.path.isfile(run.path(TEACHER))
+    with pytest.raises(InputError, match=r"run the teacher stage first: its last run in .* was interrupted \(add "
+                                         r"teacher to --stages to finish it"):
+        decide(run, cfg(), STAGES["distill"], False, STAGES, 1)
+    assert missing_upstream(run, cfg(), ["distill"], STAGES).startswith(
+        "distill: run the teacher stage first: its last run in")
+    assert missing_upstream(run, cfg(), ["teacher", "distill"], STAGES) == ""  # the run finishes it first
 
 
 def test_a_new_input_reruns_the_stage_that_read_the_old_one(run):

@@ -33,15 +33,20 @@ def _model(path):
 
 
 def _warn_if_stale(run_dir):
-    """A run whose qat (or an earlier stage) ran again after export holds ONNX files of the model before: say so."""
+    """A run whose qat (or an earlier stage) ran again after export holds ONNX files of the model before: say so.
+    Only a warning: a folder without a readable manifest still serves its files, as it did before."""
+    from compress.errors import CompressError
     from compress.run.rundir import RunDir
     from compress.run.state import stage_states
     from stages import ORDER
 
-    state, detail = stage_states(RunDir(run_dir), ORDER)["export"]
-    if state != "complete":
-        click.echo(f"warning: export is {state} ({detail}): these files are from before that; refresh them with: "
-                   f"compress run --run-dir {run_dir} --stages export", err=True)
+    try:
+        state, detail = stage_states(RunDir(run_dir), ORDER)["export"]
+    except CompressError:
+        return
+    if state == "invalidated":
+        click.echo(f"warning: export is stale ({detail}): these files were made before that; `compress run "
+                   f"--run-dir {run_dir}` brings the run up to date (it skips what already is)", err=True)
 
 
 @cli.command()

@@ -119,13 +119,12 @@ def _relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc, m
     """Check everything here, hold the run-dir lock for the workers, and start them through torchrun."""
     from compress.run import preflight
     from compress.run.launch import relaunch
-    from compress.run.pipeline import LOCK_ENV
+    from compress.run.pipeline import LOCK_ENV, check_run_dir
     from compress.run.rundir import RunDir, RunLock
 
     preflight.check(cfg, stage_names, nproc)  # e.g. a batch that does not split over nproc: before any worker
     run = RunDir(run_dir)
-    run.check_usable()
-    run.manifest()
+    check_run_dir(run, cfg, stage_names)
     run.create()
     argv = ["run", "--stages", ",".join(stage_names), "--run-dir", run_dir]
     argv += (["--config", config_path] if config_path else []) + (["--force"] if force else [])

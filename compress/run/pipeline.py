@@ -131,8 +131,7 @@ def _check_before_writing(cfg, run, stage_names, world):
     """Everything checkable before a file is written; returns the run directory's saved config (raw YAML
     mapping) or None."""
     data = preflight.check(cfg, stage_names, world)
-    run.check_usable()
-    _refuse_missing_upstream(run, cfg, stage_names)  # also reports a corrupt manifest before any work starts
+    check_run_dir(run, cfg, stage_names)
     for line in data["lines"]:
         log.info("%s", line)
     for note in data["notes"]:
@@ -140,8 +139,11 @@ def _check_before_writing(cfg, run, stage_names, world):
     return read_yaml(run.config_path) if os.path.isfile(run.config_path) else None
 
 
-def _refuse_missing_upstream(run, cfg, stage_names):
-    missing = missing_upstream(run, cfg, stage_names, STAGES)
+def check_run_dir(run, cfg, stage_names):
+    """Refuse, before anything is written, a run directory that is not ours to write into, a corrupt manifest, and
+    a stage whose input neither the directory holds nor an earlier stage of this run writes."""
+    run.check_usable()
+    missing = missing_upstream(run, cfg, stage_names, STAGES)  # reads the manifest: a corrupt one is refused here
     if missing:
         raise InputError(missing)
 
@@ -247,8 +249,7 @@ def plan(cfg, run_root, stage_names, force=False, world=1):
 
     run = RunDir(run_root)
     data = preflight.check(cfg, stage_names, world)
-    run.check_usable()
-    _refuse_missing_upstream(run, cfg, stage_names)
+    check_run_dir(run, cfg, stage_names)
     rows, running = [], {}
     for name in stage_names:
         spec = STAGES[name]

@@ -156,7 +156,7 @@ def _inputs(run, cfg, spec, entries, states, stages):
         if not item.required and not (present and states[item.stage][0] == "complete"):
             continue
         if not present:
-            raise InputError(_missing_message(run, item, rel))
+            raise InputError(_missing_message(run, entries, item, rel))
         if states[item.stage][0] != "complete":
             log.warning("%s: reading %s from the %s stage, which is stale (%s)", spec.NAME, rel, item.stage,
                         states[item.stage][1])
@@ -179,7 +179,7 @@ def missing_upstream(run, cfg, stage_names, stages):
                 continue
             rel, present = _upstream_output(run, entries, stages, item)
             if not present:
-                return f"{name}: {_missing_message(run, item, rel)}"
+                return f"{name}: {_missing_message(run, entries, item, rel)}"
     return ""
 
 
@@ -191,9 +191,16 @@ def _upstream_output(run, entries, stages, item):
     return rel, recorded and os.path.isfile(run.path(rel))
 
 
-def _missing_message(run, item, rel):
+def _missing_message(run, entries, item, rel):
+    status = (entries.get(item.stage) or {}).get("status")
+    if status in UNFINISHED:  # its file may be there, from an earlier run: not one this run can build on
+        return (f"run the {item.stage} stage first: its last run in {run.root} {UNFINISHED[status]} "
+                f"(add {item.stage} to --stages to finish it, or point --run-dir at a run that has it)")
     return (f"run the {item.stage} stage first: {rel} is not in {run.root} "
             f"(add {item.stage} to --stages, or point --run-dir at a run that has it)")
+
+
+UNFINISHED = {"running": "did not finish", "interrupted": "was interrupted", "failed": "failed"}
 
 
 def _external_sha256(item):
