@@ -61,11 +61,12 @@ def busy_elsewhere(seconds=0.2):
         return None
     time.sleep(seconds)
     after, own = sample(), time.process_time() - own_before
-    total = sum(after[c][0] - before[c][0] for c in before)
-    idle = sum(after[c][1] - before[c][1] for c in before)
+    cpus = [c for c in before if after and c in after]  # a CPU taken offline meanwhile is left out
+    total = sum(after[c][0] - before[c][0] for c in cpus)
+    idle = sum(after[c][1] - before[c][1] for c in cpus)
     if total <= 0:
         return None
-    busy_cores = (total - idle) / total * len(before)
+    busy_cores = (total - idle) / total * len(cpus)
     return max(0.0, busy_cores - own / seconds)
 
 

@@ -278,7 +278,7 @@ def _beyond_noise(m):
         return ""
     qat, ptq, p = m["qat_only_right"], m["ptq_only_right"], m["qat_vs_ptq_p"]
     told = (f"; of {m['val_images']:,} validation images, {qat} are right only with QAT and {ptq} only with PTQ "
-            f"(McNemar p = {p:.2g})")
+            f"(McNemar p {'< 0.0001' if p < 1e-4 else f'= {p:.2g}'})")
     if p >= 0.05:
         return told + ": within noise, so the two int8 files are equally accurate on this evidence"
     if qat > ptq:

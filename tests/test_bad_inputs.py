@@ -276,7 +276,13 @@ CASES = {
         lambda r, t: save_pickled_module(t),
         lambda r, t: ["run", "--run-dir", r, "--stages", "teacher", "--set", f"model.teacher_weights={t}/module.pth",
                       "--set", "teacher.epochs=0"],
-        "is not a plain state dict that torch.load(weights_only=True) can read"),
+        "is not a plain state dict that torch.load(weights_only=True) can read (it holds a pickled "
+        "torch.nn.modules.linear.Linear object, not only tensors)"),
+    "weights: an image renamed .pth": (
+        lambda r, t: (t / "photo.pth").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64)),
+        lambda r, t: ["run", "--run-dir", r, "--stages", "teacher", "--set", f"model.teacher_weights={t}/photo.pth",
+                      "--set", "teacher.epochs=0"],
+        "can read (not a file torch.save wrote, or a damaged one)"),
     "weights: missing file": (
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--set", f"model.student_weights={t}/absent.safetensors"],

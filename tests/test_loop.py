@@ -237,3 +237,10 @@ def test_an_epoch_resumed_after_its_last_step_reports_no_speed_but_keeps_its_los
     assert history[0]["images_per_s"] is None
     assert history[0]["train_loss"] == pytest.approx(0.5)
     assert history[1]["images_per_s"] > 0  # the next epoch trains every image again
+    # mid-epoch: the images trained before the resume point are carried into the loss, not into the speed
+    from compress.training.loop import _carried_images
+
+    point = ResumePoint(1, 3, [], {"images": 48.0, "loss": 10.0})
+    assert _carried_images(Session(resume=point), 1) == 48.0
+    assert _carried_images(Session(resume=point), 2) == 0.0  # a later epoch starts from nothing
+    assert _carried_images(Session(resume=ResumePoint(1, 0, [], None)), 1) == 0.0

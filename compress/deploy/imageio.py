@@ -63,7 +63,7 @@ def open_image(path, max_pixels=None, decode=True):
                          "bomb?); resize it first") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         why = e.__class__.__name__  # Pillow's own words only where they add to it ("image file is truncated")
-        if not isinstance(e, UnidentifiedImageError) and str(e) and path not in str(e):
+        if not isinstance(e, UnidentifiedImageError) and str(e) and str(path) not in str(e):
             why += f": {printable(str(e), 80)}"
         raise InputError(f"cannot read image '{path}' ({why}); fix or remove it "
                          "(PNG, JPEG, BMP, TIFF, WebP are read)") from None

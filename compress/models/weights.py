@@ -5,7 +5,6 @@ size is replaced (one log line says so); any other mismatch is an error naming t
 """
 
 import os
-import pickle
 
 import torch
 from torch import nn
@@ -45,10 +44,7 @@ def read_state_dict(path, key):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # UnpicklingError for pickled code; RuntimeError/EOFError for damaged files
-            # torch's own words where they are words (pickled code, a damaged zip); a bare key or a struct
-            # error from reading some other file ('174812789') says nothing to a user
-            first = (str(e).strip().splitlines()[0][:160] if isinstance(e, (pickle.UnpicklingError, RuntimeError))
-                     and str(e).strip() else "not a file torch.save wrote, or a damaged one")
+            first = _load_failure(e)
             raise InputError(f"{key}: '{path}' is not a plain state dict that torch.load(weights_only=True) can read "
                              f"({first}); save `model.state_dict()` (or convert it to .safetensors)") from None
         state = _unwrap_checkpoint(state)
@@ -56,6 +52,20 @@ def read_state_dict(path, key):
             raise InputError(f"{key}: '{path}' holds no state dict (a mapping of parameter names to tensors); save "
                              "`model.state_dict()`")
     return {_strip(k): v for k, v in state.items()}
+
+
+def _load_failure(e):
+    """What went wrong in torch.load, in words a user can act on: the object a pickle holds besides tensors (a
+    whole module), a damaged zip in torch's own words; anything else - a bare key or struct error from reading
+    some other file ('174812789', 'Unsupported operand 80') - as what it means."""
+    text = str(e)
+    detail = text.split("WeightsUnpickler error:", 1)[1].strip() if "WeightsUnpickler error:" in text else ""
+    if detail.startswith("Unsupported global: GLOBAL "):
+        name = detail.removeprefix("Unsupported global: GLOBAL ").split()[0]
+        return f"it holds a pickled {name} object, not only tensors"
+    if isinstance(e, RuntimeError) and not detail and text.strip():
+        return text.strip().splitlines()[0].split(". ")[0][:160]  # "... failed finding central directory"
+    return "not a file torch.save wrote, or a damaged one"
 
 
 def _unwrap_checkpoint(obj):

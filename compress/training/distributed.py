@@ -71,7 +71,7 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
     why = "train.threads"
     if not threads:
         threads, why = training_threads(local_world)
-        if device.type == "cpu" and threads > 1 and local_world == 1:  # no count chosen: say when ours is wrong
+        if device.type == "cpu" and threads > 1 and local_world == 1 and why != "OMP_NUM_THREADS":  # ours: check
             note = crowding_note(threads, busy_elsewhere())
             if note:
                 log.warning("%s", note)
