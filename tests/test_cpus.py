@@ -63,3 +63,27 @@ def test_a_busy_neighbour_is_seen_and_named_with_the_thread_count_that_avoids_it
         note = crowding_note(cpus, cpus - 0.9)  # all but about one CPU taken
         assert f"keeping {cpus - 0.9:.1f} of this process's {cpus} CPUs busy" in note
         assert note.endswith("--set train.threads=1 makes each step wait on fewer shared cores")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat") or usable_cpus() < 2, reason="needs /proc/stat and 2 CPUs")
+def test_a_run_that_chose_its_own_thread_count_warns_beside_a_busy_neighbour_and_one_told_a_count_does_not(
+        tiny_config, tmp_path):
+    from conftest import compress_subprocess
+
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 60: pass"
+    neighbours = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(usable_cpus() - 1)]  # 1 CPU free
+    try:
+        runs = {}
+        for name, omp in (("ours", ""), ("told", "2")):  # "": no count given, so compress chooses one per CPU
+            runs[name] = compress_subprocess("run", "-c", tiny_config, "--run-dir", tmp_path / name, "--stages",
+                                             "teacher", "--set", "teacher.epochs=1", "--set", "data.limit=100",
+                                             env={"OMP_NUM_THREADS": omp})
+    finally:
+        for n in neighbours:
+            n.kill()
+            n.wait()
+    assert runs["ours"].returncode == 0 and runs["told"].returncode == 0, runs["ours"].stderr + runs["told"].stderr
+    warning = [line for line in runs["ours"].stderr.splitlines() if "other processes are keeping" in line]
+    assert len(warning) == 1 and warning[0].endswith("makes each step wait on fewer shared cores"), runs["ours"].stderr
+    assert "other processes" not in runs["told"].stderr  # OMP_NUM_THREADS=2 was the user's choice
+    assert "other processes are keeping" in (tmp_path / "ours" / "log.txt").read_text()

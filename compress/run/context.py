@@ -12,6 +12,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from compress import __version__
 from compress.data.sampling import eval_loader, train_loader
 from compress.fileio import atomic_write_json
@@ -88,6 +90,8 @@ class StageContext:
             log.info("%s: trains in %s (%s) on %s CPU thread(s) per process", self.stage,
                      precision.name if precision.dtype is None else f"{precision.name} autocast", precision.reason,
                      self.env.threads or "?")
+            if self.env.check_neighbours:
+                _warn_if_crowded(torch.get_num_threads())
         return precision
 
     def session(self, modules, optimizer, steps_per_epoch, epochs, part="", precision=FP32, extra=None):
@@ -134,6 +138,22 @@ class StageContext:
         # the epoch's running sums are global, counted on rank 0; they count only if we resume at their step
         running = state.get("running") if self.env.is_main and same_step else None
         return ResumePoint(point.epoch, point.step, state["history"], running)
+
+
+_crowding_checked = []  # once per process: the first training stage looks, the later ones would repeat it
+
+
+def _warn_if_crowded(threads):
+    """Other processes busy on our CPUs make every one of our threads wait for them: say so, with the count to set
+    (0.2 s of /proc/stat, once, as the first training stage starts - after every input was checked)."""
+    from compress.cpus import busy_elsewhere, crowding_note
+
+    if _crowding_checked:
+        return
+    _crowding_checked.append(True)
+    note = crowding_note(threads, busy_elsewhere())
+    if note:
+        log.warning("%s", note)
 
 
 class _Board:

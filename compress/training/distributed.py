@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
-from compress.cpus import busy_elsewhere, crowding_note, training_threads
+from compress.cpus import training_threads
 from compress.errors import CompressError, InputError, MirroredError
 from compress.fileio import dumps
 
@@ -34,6 +34,7 @@ class DistEnv:
     device: torch.device = torch.device("cpu")
     backend: str = ""  # "" when there is no process group
     threads: str = ""  # the intra-op threads per process, and why ("2 (2 usable CPUs)")
+    check_neighbours: bool = False  # we chose the thread count of a lone CPU process: see whether others are busy
 
     @property
     def is_main(self):
@@ -71,10 +72,6 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
     why = "train.threads"
     if not threads:
         threads, why = training_threads(local_world)
-        if device.type == "cpu" and threads > 1 and local_world == 1 and why != "OMP_NUM_THREADS":  # ours: check
-            note = crowding_note(threads, busy_elsewhere())
-            if note:
-                log.warning("%s", note)
     torch.set_num_threads(threads)
     backend = ""
     if world > 1:
@@ -86,7 +83,9 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
             kwargs.update(store=store, rank=rank, world_size=world)
         _import_modules_that_bind_the_world_group()
         tdist.init_process_group(backend, timeout=timeout, **kwargs)
-    env = DistEnv(rank, world, local_rank, local_world, device, backend, f"{threads} ({why})")
+    ours = why not in ("train.threads", "OMP_NUM_THREADS")  # a count the user chose is theirs to keep
+    env = DistEnv(rank, world, local_rank, local_world, device, backend, f"{threads} ({why})",
+                  check_neighbours=ours and device.type == "cpu" and threads > 1 and local_world == 1)
     try:
         yield env
     except BaseException:
