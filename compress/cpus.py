@@ -15,10 +15,7 @@ ELASTIC_WORKER_ENV = "TORCHELASTIC_RUN_ID"
 
 def usable_cpus():
     """CPUs this process may run on (its affinity mask), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
+    return max(1, len(usable_set()))
 
 
 def training_threads(local_world=1, environ=None):
@@ -71,9 +68,10 @@ def busy_elsewhere(seconds=0.2):
 
 
 def usable_set():
+    """The numbers of the CPUs this process may run on (its affinity mask; every CPU where there is none)."""
     try:
         return os.sched_getaffinity(0)
-    except (AttributeError, OSError):
+    except (AttributeError, OSError):  # not Linux
         return set(range(os.cpu_count() or 1))
 
 
