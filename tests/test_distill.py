@@ -9,7 +9,7 @@ from compress.models.features import FeatureTap
 from compress.models.registry import build_model
 from compress.run.config import load_config
 from compress.training.distributed import DistEnv
-from stages.distill import build_pair, make_loss
+from stages.distill import build_pair, epoch_passing, make_loss, report_notes
 
 
 def test_hooks_read_named_layers_of_an_unmodified_torchvision_model():
@@ -101,3 +101,19 @@ def test_frozen_teacher_is_not_changed_from_outside():
     cfg, data, teacher, student = setup(hint=False)
     assert isinstance(teacher, FrozenTeacher) and teacher.cosine_width == 64
     assert teacher(data.val.batch([0, 1]).x)["cosine"].shape == (2, 64)
+
+
+def test_the_report_says_when_the_distilled_student_reached_the_student_alone():
+    history = [{"epoch": 1, "val_acc": 50.0}, {"epoch": 2, "val_acc": 71.0}, {"epoch": 3, "val_acc": 69.0},
+               {"epoch": 4, "val_acc": 74.0}]
+    assert epoch_passing(history, 70.0) == 2 and epoch_passing(history, 74.0) == 4
+    assert epoch_passing(history, 74.5) is None
+    m = {"kd_method": "standardized", "val_acc": 74.0, "baseline_val_acc": 70.0, "teacher_val_acc": 80.0,
+         "gain_points": 4.0, "epochs": 4, "epoch_passing_alone": 2}
+    assert "first reached the student alone's final accuracy at epoch 2 of 4 (50% of the way" in report_notes(
+        {"metrics": m})[0]
+    assert "only at its last epoch" in report_notes({"metrics": {**m, "epoch_passing_alone": 4}})[0]
+    for quiet in ({"gain_points": -1.0}, {"epoch_passing_alone": None}, {"epoch_passing_alone": 0}):
+        assert "reached the student alone" not in report_notes({"metrics": {**m, **quiet}})[0]
+    old = {k: v for k, v in m.items() if k != "epoch_passing_alone"}  # a run from before this was measured
+    assert "reached the student alone" not in report_notes({"metrics": old})[0]
