@@ -288,6 +288,45 @@ def test_the_verdict_names_the_file_to_deploy_and_says_why_in_the_measured_figur
                                    "vs fp32 1.10 ms; needed 1.2x), so the fp32 file is the one to deploy;")
 
 
+def test_the_int8_file_weighed_is_ptq_only_when_it_is_more_accurate_than_qat_beyond_noise():
+    from compress.quant.verify import int8_choice
+
+    def report(qat_only, ptq_only, p, kernels=("QLinearConv",)):
+        return {"ptq": {"vs_qat": {"only_first": qat_only, "only_second": ptq_only, "p": p},
+                        "int8_kernels": dict.fromkeys(kernels, 1)}}
+
+    assert int8_choice(report(0, 3, 0.25)) == "int8"  # within noise: QAT's file stays
+    assert int8_choice(report(2, 161, 2e-45)) == "ptq"
+    assert int8_choice(report(161, 2, 2e-45)) == "int8"  # QAT better beyond noise
+    assert int8_choice(report(2, 161, 2e-45, kernels=())) == "int8"  # a PTQ file that runs no int8 kernel
+    assert int8_choice({}) == "int8"  # export.ptq false: no PTQ file
+
+
+def test_when_qat_cost_accuracy_the_verdict_deploys_the_post_training_quantized_file(run_copy, tiny_config):
+    """QAT at a learning rate that wrecks the int8 model (the budget is off in the tiny config): onnxruntime's
+    post-training quantization of the same float student is right on far more validation images, so the verdict
+    weighs model.ptq.onnx against fp32, says why, and predict serves it."""
+    result = invoke("run", "-c", tiny_config, "--run-dir", run_copy, "--stages", "qat,export", "--set", "qat.lr=0.5",
+                    "--set", "qat.kd_weight=0")
+    assert result.exit_code == 0, result.output
+    export = json.loads((run_copy / "export" / "export.json").read_text())
+    pair = export["ptq"]["vs_qat"]
+    assert pair["p"] < 0.05 and pair["only_second"] > pair["only_first"], pair  # the setup: QAT lost, beyond noise
+    assert export["speed"]["int8_file"] == "model.ptq.onnx"
+    verdict = export["verdict"]
+    assert verdict["file"] == "model.ptq.onnx", verdict  # min_int8_speedup 0 in the tiny config: int8 wins on speed
+    assert verdict["why"].startswith(f"the int8 file is the post-training quantized one: it gets {pair['only_second']} "
+                                     f"validation images right that the QAT file gets wrong")
+    assert f"validation accuracy int8 {export['ptq']['onnx_acc']:.2f}%" in verdict["why"]
+    report = (run_copy / "report.md").read_text()
+    assert "Deploy export/model.ptq.onnx: the int8 file is the post-training quantized one" in report
+    assert "so model.ptq.onnx is the int8 file the verdict weighed against fp32" in report
+    image = run_copy / "digit.png"
+    Image.fromarray(np.full((8, 8), 128, dtype=np.uint8)).save(image)
+    predicted = invoke("predict", run_copy, image)
+    assert predicted.exit_code == 0 and "using model.ptq.onnx, as export recommends" in predicted.stderr
+
+
 def test_an_int8_model_not_fast_enough_ends_in_a_verdict_for_the_fp32_file(tmp_path):
     """The fp32 verdict through the whole pipeline: export.min_int8_speedup 100 (no int8 file is 100x faster, so
     the outcome does not hang on how fast this machine is today; the KD tutorial's thin light_cnn at 3x32x32). The

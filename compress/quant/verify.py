@@ -114,24 +114,50 @@ def _above(value):
     return f"{math.ceil(value / 10 ** exponent) * 10 ** exponent:g}"
 
 
-def verdict(speed, sizes, accuracy, float_layers, e):
-    """Which file to deploy and why, in one sentence with the figures: int8 when it is at least
+def p_text(p):
+    """A p-value as the report prints it: '= 0.25', '= 0.0032', '< 0.0001'."""
+    return "< 0.0001" if p < 1e-4 else f"= {p:.2g}"
+
+
+def int8_choice(report):
+    """Which int8 file the verdict weighs against fp32: the QAT file ("int8"), unless onnxruntime's post-training
+    quantization of the same float model ("ptq") gets more validation images right beyond noise (the exact
+    McNemar test of `paired`, p < 0.05) and runs int8 kernels - then QAT cost accuracy, and the PTQ file is the
+    better int8 model."""
+    ptq = report.get("ptq") or {}
+    pair = ptq.get("vs_qat")
+    if pair and ptq.get("int8_kernels") and pair["p"] < 0.05 and pair["only_second"] > pair["only_first"]:
+        return "ptq"
+    return "int8"
+
+
+def verdict(speed, sizes, accuracy, float_layers, e, int8_file="model.int8.onnx", ptq=None):
+    """Which file to deploy and why, in one sentence with the figures: the int8 file when it is at least
     export.min_int8_speedup times faster than fp32 in the deciding runtime, else fp32 (with what int8 still
-    offers: its size). `speed` is speed_gate's result, `sizes` and `accuracy` map "fp32"/"int8" to bytes and %."""
+    offers: its size). `speed` is speed_gate's result for `int8_file`, `sizes` and `accuracy` map "fp32"/"int8"
+    to bytes and % (the int8 entries: `int8_file`'s). `ptq`: when `int8_file` is the post-training quantized one,
+    `paired`'s result of QAT against it - the reason it replaced the QAT file."""
     ratio, rt = speed["speedup"], speed["runtime"]
     timing = (f"batch {speed['batch']}, {speed['threads']} threads in {rt}: int8 {speed['int8_ms']:.2f} ms vs fp32 "
               f"{speed['fp32_ms']:.2f} ms")
     smaller = sizes["fp32"] / sizes["int8"]
     accuracies = f"validation accuracy int8 {accuracy['int8']:.2f}% vs fp32 {accuracy['fp32']:.2f}%"
+    which_int8 = ""
+    if ptq:
+        which_int8 = (f"the int8 file is the post-training quantized one: it gets {ptq['only_second']} validation "
+                      f"images right that the QAT file gets wrong, and {ptq['only_first']} the other way round "
+                      f"(McNemar p {p_text(ptq['p'])}), so QAT cost "
+                      "accuracy here; ")
     if ratio >= e.min_int8_speedup:
-        why = (f"int8 is {speedup_text(ratio)} than fp32 ({timing}) and {smaller:.1f}x smaller; {accuracies}")
-        return {"deploy": "int8", "file": "model.int8.onnx", "runtime": rt, "int8_faster": True, "why": why}
+        why = (f"{which_int8}int8 is {speedup_text(ratio)} than fp32 ({timing}) and {smaller:.1f}x smaller; "
+               f"{accuracies}")
+        return {"deploy": "int8", "file": int8_file, "runtime": rt, "int8_faster": True, "why": why}
     kept = f" even with {', '.join(float_layers)} kept in float" if float_layers else ""
     which = "the faster one" if ratio < 1 else "the one"
-    why = (f"int8 is {speedup_text(ratio)} than fp32{kept} ({timing}; needed {e.min_int8_speedup:g}x), so the fp32 "
-           f"file is {which} to deploy; the int8 file is still {smaller:.1f}x smaller, if size matters more "
-           f"than speed; {accuracies}. To make int8 pay: keep more layers in float (qat.float_layers), or choose a "
-           "student with more channels per layer")
+    why = (f"{which_int8}int8 is {speedup_text(ratio)} than fp32{kept} ({timing}; needed {e.min_int8_speedup:g}x), "
+           f"so the fp32 file is {which} to deploy; the int8 file is still {smaller:.1f}x smaller, if size matters "
+           f"more than speed; {accuracies}. To make int8 pay: keep more layers in float (qat.float_layers), or "
+           "choose a student with more channels per layer")
     return {"deploy": "fp32", "file": "model.fp32.onnx", "runtime": rt, "int8_faster": False, "why": why}
 
 
