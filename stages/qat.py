@@ -130,10 +130,10 @@ def _frozen_copy(model):
 def _budget_message(ctx, m, q, classes):
     """The accuracy-budget failure, with the keys that change the outcome and values to try."""
     allow = math.ceil(m["accuracy_drop"] + 0.5)
-    fallback = (" (export then measures onnxruntime's post-training quantization beside it and deploys that file "
-                "if it is more accurate beyond noise)" if ctx.cfg.export.ptq else "")
-    advice = (f"accept the loss with --set qat.max_accuracy_drop={allow}{fallback}, or let QAT recover it: more "
-              f"epochs (--set qat.epochs={2 * q.epochs}) or a gentler learning rate (--set qat.lr={q.lr / 2:g})")
+    advice = (f"accept the loss with --set qat.max_accuracy_drop={allow} (export then measures onnxruntime's "
+              f"post-training quantization beside it, with export.ptq on as by default, and deploys that file if it "
+              f"is more accurate beyond noise), or let QAT recover it: more epochs (--set qat.epochs={2 * q.epochs}) "
+              f"or a gentler learning rate (--set qat.lr={q.lr / 2:g})")
     chance = 100.0 / classes
     if m["float_acc"] < 2 * chance:
         advice += (f"; the float model itself is at {m['float_acc']:.2f}% (chance: {chance:.1f}%): train the teacher "
