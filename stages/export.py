@@ -224,6 +224,7 @@ def summary_metrics(report):
            "int8_top1_agreement": report["int8"]["top1_agreement"],
            "int8_top1_within_tie": report["int8"]["top1_within_tie"], "latency_ms": lat,
            "int8_speedup": report["speed"]["speedup"], "speed_runtime": report["speed"]["runtime"],
+           "int8_weighed": report["speed"].get("int8_file", "model.int8.onnx"),
            "runtimes": list(report["runtimes"]), "float_layers": report["float_layers"], "deploy": v["file"],
            "deploy_why": v["why"]}
     if "ptq" in report:
@@ -290,8 +291,12 @@ def _beyond_noise(m):
         return told + ": within noise, so the two int8 files are equally accurate on this evidence"
     if qat > ptq:
         return told + ": QAT is more accurate beyond noise"
-    return (told + ": post-training quantization is more accurate beyond noise here, so model.ptq.onnx is the int8 "
-            "file the verdict weighed against fp32, not the QAT file (a lower qat.lr may let QAT keep its accuracy)")
+    if m.get("int8_weighed") == OUTPUTS["ptq"].split("/")[-1]:
+        return (told + ": post-training quantization is more accurate beyond noise here, so model.ptq.onnx is the "
+                "int8 file the verdict weighed against fp32, not the QAT file (a lower qat.lr may let QAT keep its "
+                "accuracy)")
+    return (told + ": post-training quantization is more accurate beyond noise here; model.ptq.onnx is the int8 "
+            "file to try first (its latency is in the table), or lower qat.lr")
 
 
 def _latency_pair(cells):

@@ -146,8 +146,7 @@ def verdict(speed, sizes, accuracy, float_layers, e, int8_file="model.int8.onnx"
     if ptq:
         which_int8 = (f"the int8 file is the post-training quantized one: it gets {ptq['only_second']} validation "
                       f"images right that the QAT file gets wrong, and {ptq['only_first']} the other way round "
-                      f"(McNemar p {p_text(ptq['p'])}), so QAT cost "
-                      "accuracy here; ")
+                      f"(McNemar p {p_text(ptq['p'])}), so QAT cost accuracy here; ")
     if ratio >= e.min_int8_speedup:
         why = (f"{which_int8}int8 is {speedup_text(ratio)} than fp32 ({timing}) and {smaller:.1f}x smaller; "
                f"{accuracies}")
