@@ -9,7 +9,7 @@ import torch
 from compress.data.datasets import load_data
 from compress.distill.store import StoreSpec, TeacherOutputStore, pack_logits, unpack_logits
 from compress.distill.teacher import FrozenTeacher
-from compress.errors import InputError, Interrupted
+from compress.errors import InputError, Interrupted, StageFailed
 from compress.models.registry import build_model
 from compress.run.config import load_config
 from compress.training import interrupt
@@ -149,3 +149,42 @@ def test_a_store_that_does_not_fit_on_the_disk_is_refused_before_training(tmp_pa
                                          r"1,000,000,000 images x 44 bytes\) but .* GB free; lower distill.views"):
         store.check_disk(list(range(10**4)))
     assert math.isfinite(store.spec.total_bytes())
+
+
+def test_logits_beyond_fp16_are_stored_clamped_not_as_inf(tmp_path, digits, caplog):
+    """An overconfident teacher (logits near 1e5, seen from a torchvision resnet18 trained one epoch) overflowed
+    the fp16 store into inf, and distill then stopped on a NaN loss whose advice (a lower distill.lr) could not
+    help. The store keeps such outputs clamped to fp16's largest value and says why."""
+    huge = torch.tensor([[1.2e5, -3.0, 70000.0, 2.0]])
+    for top_k in (4, 2):
+        s = spec(classes=4, top_k=top_k)
+        values = unpack_logits(pack_logits(huge, s), s)
+        assert torch.isfinite(values).all() and float(values.max()) == 65504.0
+        assert torch.isfinite(torch.softmax(values / 4, 1)).all()
+    data, teacher = digits
+    loud = lambda x: {k: v * 1e7 for k, v in teacher(x).items()}  # noqa: E731
+    train = data.train.with_augment(views=1, view_seed=1)
+    store = TeacherOutputStore(str(tmp_path / "store"), spec(data_fingerprint=train.fingerprint(), views=1))
+    with caplog.at_level("WARNING"):
+        store.build(loud, train, DistEnv(), 64, lambda x: x, store.prepare(DistEnv()))
+    assert "beyond the store's fp16 range (65,504): the store keeps them clamped" in caplog.text
+    store.open()
+    batch = train.batch(range(10), epoch=0)
+    assert torch.isfinite(store.lookup(batch.index, batch.view, "cpu")["logits"]).all()
+
+
+def test_a_teacher_whose_outputs_are_not_finite_is_named_and_nothing_is_stored(tmp_path, digits):
+    data, teacher = digits
+
+    def broken(x):
+        out = teacher(x)
+        out["logits"][0, 0] = float("nan")
+        return out
+
+    train = data.train.with_augment(views=1, view_seed=1)
+    folder = tmp_path / "store"
+    store = TeacherOutputStore(str(folder), spec(data_fingerprint=train.fingerprint(), views=1))
+    with pytest.raises(StageFailed, match=r"distill: the teacher's outputs are not finite \(NaN or inf\) for 1 "
+                                          r"training image\(s\): the teacher checkpoint is broken"):
+        store.build(broken, train, DistEnv(), 256, lambda x: x, store.prepare(DistEnv()))
+    assert not read_chunks(folder) and not (folder / "store.json").exists()

@@ -126,14 +126,22 @@ def default_top_k(classes, top_k=None):
     return classes if classes <= DENSE_UP_TO else DEFAULT_TOP_K
 
 
+FP16_MAX = float(torch.finfo(torch.float16).max)  # 65,504: a logit beyond it would be stored as inf
+
+
+def to_fp16(x):
+    """fp16 of finite float values, those beyond fp16's range clamped to its largest (not made inf)."""
+    return x.float().clamp(-FP16_MAX, FP16_MAX).half()
+
+
 def pack_logits(logits, spec):
     """{tensor name: tensor} for the rows of one chunk (float logits in, fp16 out)."""
     logits = logits.float()
     if spec.dense:
-        return {"values": logits.half()}
+        return {"values": to_fp16(logits)}
     values, indices = logits.topk(spec.top_k, dim=1)
     rest = torch.logsumexp(logits.scatter(1, indices, float("-inf")), dim=1)
-    return {"values": values.half(), "indices": indices.to(spec.index_dtype), "rest": rest}
+    return {"values": to_fp16(values), "indices": indices.to(spec.index_dtype), "rest": rest}
 
 
 def unpack_logits(packed, spec):
@@ -261,20 +269,34 @@ class TeacherOutputStore:
                     if name == "store.json" or name.startswith("chunk-"):
                         os.unlink(os.path.join(self.folder, name))
         dist.barrier(env)
-        start = time.perf_counter()
+        start, peak = time.perf_counter(), 0.0
         for first in range(0, len(missing), env.world):
             mine = missing[first + env.rank] if first + env.rank < len(missing) else None
-            packed = self._compute(mine, teacher, dataset, batch_size, inputs, autocast) if mine is not None else None
+            stats = torch.zeros(2, dtype=torch.float64)  # images with a non-finite output, largest |output|
+            packed = (self._compute(mine, teacher, dataset, batch_size, inputs, autocast, stats)
+                      if mine is not None else None)
             interrupt.stop_if_asked("while computing the teacher's outputs (the chunks written so far are kept)",
                                     env, what="resume the build")
+            every = dist.all_gather_tensor(env, stats)
+            broken, peak = sum(int(t[0]) for t in every), max(peak, *(float(t[1]) for t in every))
+            dist.fail_if(env, broken > 0, f"distill: the teacher's outputs are not finite (NaN or inf) for {broken} "
+                         "training image(s): the teacher checkpoint is broken - retrain it (`compress run --stages "
+                         "teacher --force`, with a lower teacher.lr if its loss grew); nothing of it was stored")
             for c, tensors in self._gather(env, mine, packed):
                 if env.is_main:
                     self._write_chunk(c, tensors)
+        if env.is_main and peak > FP16_MAX:
+            log.warning("distill: the teacher's outputs reach %.3g, beyond the store's fp16 range (%s): the store "
+                        "keeps them clamped there. Logits this large mean an overconfident teacher that teaches "
+                        "little beyond its top class; a teacher trained more gently (a lower teacher.lr, label "
+                        "smoothing) makes a better one", peak, f"{FP16_MAX:,.0f}")
         if env.is_main:
             self._write_manifest(plan["views_kept"], time.perf_counter() - start, env.world)
         dist.barrier(env)
 
-    def _compute(self, c, teacher, dataset, batch_size, inputs, autocast):
+    def _compute(self, c, teacher, dataset, batch_size, inputs, autocast, stats):
+        """One chunk's packed teacher outputs; `stats` gets the images whose outputs are not finite, and the
+        largest finite |output|."""
         view, rows = c // self.spec.blocks, list(self.spec.chunk_rows(c))
         parts = []
         for i in range(0, len(rows), batch_size):
@@ -283,9 +305,14 @@ class TeacherOutputStore:
             samples = rows[i:i + batch_size]
             with autocast():
                 out = teacher(inputs(dataset.batch(samples, views=[view] * len(samples)).x))
-            part = pack_logits(out["logits"].cpu(), self.spec)
+            outputs = [out["logits"].float().cpu()] + ([out["cosine"].float().cpu()] if self.spec.cosine_width else [])
+            for x in outputs:
+                finite = torch.isfinite(x)
+                stats[0] += int((~finite.all(1)).sum())
+                stats[1] = max(float(stats[1]), float(x[finite].abs().max()) if finite.any() else 0.0)
+            part = pack_logits(outputs[0], self.spec)
             if self.spec.cosine_width:
-                part["cosine"] = out["cosine"].float().cpu().half()
+                part["cosine"] = to_fp16(outputs[1])
             parts.append(part)
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
