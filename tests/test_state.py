@@ -109,6 +109,36 @@ def test_a_new_input_reruns_the_stage_that_read_the_old_one(run):
     assert state.reason == f"its input {TEACHER} changed"
 
 
+def test_a_hand_modified_upstream_file_is_a_changed_input(run, caplog):
+    """Was: distill/model.safetensors replaced by hand, and `--stages qat` said "up to date" - the decision read
+    the checksum the distill stage recorded, not the file."""
+    sums = complete(run, "teacher", cfg(), [TEACHER])
+    complete(run, "distill", cfg(), ["distill/model.safetensors"], inputs=sums)
+    write(run, TEACHER, b"someone else's teacher")
+    with caplog.at_level(logging.WARNING):
+        state = decide(run, cfg(), STAGES["distill"], False, STAGES, 1)
+    assert (state.action, state.reason) == ("fresh", f"its input {TEACHER} changed")
+    assert state.inputs[TEACHER] == sha256_file(run.path(TEACHER))
+    assert f"distill: {TEACHER} was modified after the teacher stage wrote it; reading it as it is now" in caplog.text
+    # a checkpoint the earlier run wrote: its inputs name what changed
+    run.update_stage("distill", status="interrupted")
+    checkpoint(run, "distill", cfg(), epoch=1, step=3, inputs=sums)
+    assert decide(run, cfg(), STAGES["distill"], False, STAGES, 1).reason == (
+        "its resume checkpoint (distill/last/checkpoint.safetensors) was written by an earlier run with other inputs "
+        f"({TEACHER} changed since); starting over")
+
+
+def test_a_stage_that_failed_before_its_first_checkpoint_says_so_when_it_runs_again(run):
+    run.update_stage("teacher", status="failed", message="teacher: the loss became nan at epoch 1, step 3; lower it")
+    state = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1)
+    assert state.action == "fresh" and state.headline == (
+        "running again: the last run failed (teacher: the loss became nan at epoch 1, step 3) before its first "
+        "checkpoint")
+    run.update_stage("teacher", status="interrupted")
+    assert decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason == (
+        "the last run was interrupted before its first checkpoint; starting over")
+
+
 def test_an_interrupted_stage_resumes_from_the_step_its_checkpoint_names(run):
     run.update_stage("teacher", status="interrupted")
     checkpoint(run, "teacher", cfg(), epoch=1, step=7)
@@ -123,7 +153,8 @@ def test_a_checkpoint_of_another_config_or_a_damaged_one_starts_over(run):
     run.update_stage("teacher", status="interrupted")
     checkpoint(run, "teacher", cfg(), epoch=1, step=7, config_hash="0123456789abcdef")
     assert decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason == (
-        "its resume checkpoint is from a run with another config or inputs; starting over")
+        "its resume checkpoint (teacher/last/checkpoint.safetensors) was written by an earlier run with another "
+        "config; starting over")
     checkpoint(run, "teacher", cfg(), epoch=9, step=0)  # beyond the configured 4 epochs
     reason = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason
     assert reason.startswith("the resume checkpoint is damaged ('epoch' 9 is beyond") and "starting over" in reason

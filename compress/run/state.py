@@ -111,16 +111,42 @@ def decide(run, cfg, spec, force, stages, world):
     if main is None:
         if problem:
             return StageState(action="fresh", reason=f"{problem}; starting over", **base)
+        last = _last_run(entry)
+        if last:
+            return StageState(action="fresh", reason=f"{last} before its first checkpoint; starting over",
+                              announce=f"running again: {last} before its first checkpoint", **base)
         return StageState(action="fresh", reason="not run yet", announce="running", **base)
-    if main.extra["_made_with"] != {"config_hash": base["config_hash"], "inputs": inputs}:
-        return StageState(action="fresh", reason="its resume checkpoint is from a run with another config or inputs; "
-                                                 "starting over", **base)
+    made_with = main.extra["_made_with"]
+    if made_with != {"config_hash": base["config_hash"], "inputs": inputs}:
+        return StageState(action="fresh", reason=f"its resume checkpoint ({checkpoint_rel(spec.NAME)}) was written by "
+                                                 f"an earlier run with {_made_otherwise(made_with, base)}; starting "
+                                                 "over", **base)
     resume = {"": _same_world(main, world)}
     for part in getattr(spec, "PARTS", ())[1:]:
         other, _ = read_resume(run, spec.NAME, part, epochs)
         if other is not None and other.extra["_made_with"] == main.extra["_made_with"]:
             resume[part] = _same_world(other, world)
     return StageState(action="resume", reason=_resume_reason(entry, resume[""], epochs), resume=resume, **base)
+
+
+def _made_otherwise(made_with, base):
+    """What differs between a checkpoint's config and inputs and this run's: 'another config' or 'other inputs
+    (... changed since)'."""
+    if made_with.get("config_hash") != base["config_hash"]:
+        return "another config"
+    old, new = made_with.get("inputs") or {}, base["inputs"]
+    changed = [k.removeprefix(EXTERNAL) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return f"other inputs ({', '.join(changed)} changed since)"
+
+
+def _last_run(entry):
+    """'the last run failed (why)' / 'the last run was interrupted' for an unfinished entry, else ''."""
+    status = (entry or {}).get("status")
+    if status == "failed":
+        return f"the last run failed ({(entry.get('message') or '').split(';')[0]})"
+    if status in UNFINISHED:
+        return f"the last run {UNFINISHED[status]}"
+    return ""
 
 
 def _same_world(point, world):
@@ -160,7 +186,11 @@ def _inputs(run, cfg, spec, entries, states, stages):
         if states[item.stage][0] != "complete":
             log.warning("%s: reading %s from the %s stage, which is stale (%s)", spec.NAME, rel, item.stage,
                         states[item.stage][1])
-        inputs[rel] = entry["outputs"][rel]
+        # the file as it is now, not as its stage recorded it: a file replaced or damaged by hand is a changed input
+        inputs[rel] = sha256_file(run.path(rel))
+        if inputs[rel] != entry["outputs"][rel]:
+            log.warning("%s: %s was modified after the %s stage wrote it; reading it as it is now (rerun %s to "
+                        "get its own file back)", spec.NAME, rel, item.stage, item.stage)
         sources[f"{item.stage}:{item.output}"] = rel
     return inputs, sources
 
