@@ -22,31 +22,42 @@ def _int_list(value, name, most):
 
 def _model(path):
     """The OnnxModel for an .onnx file or a run directory (its export verdict's file), and says which."""
-    from compress.deploy.evaluate import deployed_file
+    from compress.deploy.evaluate import deployed_file, run_of
     from compress.deploy.onnx_model import OnnxModel
 
     file, note = deployed_file(path)
     if note:
         click.echo(f"using {note}", err=True)
-        _warn_if_stale(path)
+        _warn_if_stale(run_of(path), file)
     return OnnxModel(file)
 
 
-def _warn_if_stale(run_dir):
-    """A run whose qat (or an earlier stage) ran again after export holds ONNX files of the model before: say so.
-    Only a warning: a folder without a readable manifest still serves its files, as it did before."""
+def _warn_if_stale(run_dir, file):
+    """Say when a run's deployed file is not what a finished export verified: export ran again upstream (stale),
+    failed its checks, or the file was changed after export wrote it. Only warnings: a folder without a readable
+    manifest still serves its files, as it did before."""
     from compress.errors import CompressError
+    from compress.fileio import sha256_file
     from compress.run.rundir import RunDir
     from compress.run.state import stage_states
     from stages import ORDER
 
+    run = RunDir(run_dir)
     try:
-        state, detail = stage_states(RunDir(run_dir), ORDER)["export"]
+        state, detail = stage_states(run, ORDER)["export"]
+        recorded = (run.manifest()["stages"].get("export") or {}).get("outputs", {})
+        rel = os.path.relpath(file, run_dir).replace(os.sep, "/")
+        changed = rel in recorded and os.path.isfile(file) and sha256_file(file) != recorded[rel]
     except CompressError:
         return
+    fix = f"`compress run --run-dir {run_dir}` brings the run up to date (it skips what already is)"
     if state == "invalidated":
-        click.echo(f"warning: export is stale ({detail}): these files were made before that; `compress run "
-                   f"--run-dir {run_dir}` brings the run up to date (it skips what already is)", err=True)
+        click.echo(f"warning: export is stale ({detail}): these files were made before that; {fix}", err=True)
+    elif state == "failed":
+        click.echo(f"warning: the last export failed ({detail.split(';')[0]}): its files are kept for inspection, "
+                   f"not verified for deployment; {fix}", err=True)
+    elif changed:
+        click.echo(f"warning: {rel} was changed after export wrote and checked it; {fix}", err=True)
 
 
 @cli.command()
@@ -71,8 +82,13 @@ def predict(model, images, top_k, as_json):
     import json
 
     from compress.deploy.evaluate import image_paths, predict_files
+    from compress.errors import InputError
 
     paths = image_paths(images)
+    if not paths:
+        raise InputError(f"no images in {', '.join(repr(i) for i in images[:3])}{' ...' if len(images) > 3 else ''}: "
+                         "give image files, folders holding images (.jpg, .png, .bmp, .tif, .webp, ...), or glob "
+                         "patterns")
     if len(paths) > 1_000_000:
         raise click.BadParameter("at most 1,000,000 images per call", param_hint="IMAGES")
     onnx_model = _model(model)
@@ -81,6 +97,8 @@ def predict(model, images, top_k, as_json):
         if error:
             skipped += 1
             click.echo(f"skipped: {error}", err=True)
+            if as_json:  # in the JSON too, where a script looks
+                results.append({"image": path, "error": error})
             continue
         if as_json:
             results.append({"image": path, "top": [{"class": c, "probability": round(p, 6)} for c, p in top]})
@@ -114,8 +132,10 @@ def eval_cmd(model, folder, png, as_json):
     """
     import json
 
-    from compress.deploy.evaluate import confusion_png, evaluate_tree, labelled_tree
+    from compress.deploy.evaluate import check_png_path, confusion_png, evaluate_tree, labelled_tree
 
+    if png:
+        check_png_path(png)
     onnx_model = _model(model)
     names = onnx_model.class_names()
     root, samples = labelled_tree(folder, list(onnx_model.meta["class_names"]))
@@ -151,11 +171,12 @@ def _print_eval(result, names, root, model_path, png):
 
 
 @cli.command()
-@click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("models", nargs=-1, required=True, type=click.Path())
 @click.option("--batch", default="1,64", show_default=True, help="Comma-separated batch sizes.")
 @click.option("--threads", default=None, help="Comma-separated thread counts [default: 1,<all cores>].")
 @click.option("--repeats", type=click.IntRange(1, 100_000), default=30, show_default=True,
-              help="Timed runs per cell (one model); with two models, interleaved rounds per cell.")
+              help="Timed runs per cell with one model; with two, repeats/5 interleaved rounds (3 to 10), each "
+                   "timing both for about 0.25 s.")
 @click.option("--warmup", type=click.IntRange(0, 10_000), default=5, show_default=True, help="Untimed runs first.")
 @click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
               help="Runtime to time in (openvino needs its package: pip install openvino).")
@@ -165,10 +186,12 @@ def bench(models, batch, threads, repeats, warmup, runtime):
 
     Given one file: its median latency per cell. Given two (e.g. fp32 and int8), both are timed side by side,
     interleaved in rounds so a busy machine slows them alike, and the table shows each one's median time over
-    the rounds, the ratio, and which is faster.
+    the rounds, the ratio, and which is faster. Given a run directory: its fp32 file against the int8 file its
+    export verdict weighed.
 
     \b
     Examples:
+      compress bench artifacts/default
       compress bench artifacts/default/export/model.int8.onnx --batch 1,64 --threads 1,2
       compress bench artifacts/default/export/model.fp32.onnx artifacts/default/export/model.int8.onnx
       compress bench artifacts/default/export/model.int8.onnx --runtime openvino
@@ -178,6 +201,8 @@ def bench(models, batch, threads, repeats, warmup, runtime):
 
     if len(models) > 2:
         raise click.BadParameter("give one ONNX file, or two to compare", param_hint="MODELS")
+    if len(models) == 1 and os.path.isdir(models[0]):
+        models = _run_pair(models[0])
     for path in models:
         check(runtime, path)  # a clear error for a missing or non-ONNX file, or a missing runtime
     batches = _int_list(batch, "--batch", 4096)
@@ -192,6 +217,21 @@ def bench(models, batch, threads, repeats, warmup, runtime):
         click.echo(f"{r['batch']:>6} {r['threads']:>8} {r['ms']:>10.3f} {r['images_per_s']:>12,.0f}")
 
 
+def _run_pair(path):
+    """(fp32 file, int8 file the verdict weighed) of a run directory (or its export/ folder)."""
+    from compress.deploy.evaluate import run_of
+    from compress.errors import InputError
+    from compress.fileio import read_json
+
+    run = run_of(path)
+    report = os.path.join(run, "export", "export.json")
+    if not os.path.isfile(report):
+        raise InputError(f"'{path}' is a folder without export/export.json; pass .onnx files, or a run directory "
+                         "whose export stage ran (compress run --stages export)")
+    int8 = (read_json(report, "export report").get("speed") or {}).get("int8_file", "model.int8.onnx")
+    return tuple(os.path.join(run, "export", name) for name in ("model.fp32.onnx", int8))
+
+
 def _compare(paths, batches, threads, rounds, warmup, runtime):
     import numpy as np
 
@@ -201,7 +241,7 @@ def _compare(paths, batches, threads, rounds, warmup, runtime):
 
     a, b = (os.path.basename(p) for p in paths)
     shape = OnnxModel(paths[0], require_metadata=False).input_shape
-    click.echo(f"A = {paths[0]}\nB = {paths[1]}\n({runtime}, CPU, median of {rounds} interleaved rounds)")
+    click.echo(f"A = {paths[0]}\nB = {paths[1]}\n({runtime}, CPU, median over {rounds} interleaved rounds)")
     click.echo(f"{'batch':>6} {'threads':>8} {'A ms':>10} {'B ms':>10}  B vs A")
     for t in threads or (1, usable_cpus()):
         files = dict(zip("AB", paths))

@@ -13,10 +13,21 @@ from compress.fileio import read_json
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
+def run_of(path):
+    """The run directory `path` names: itself, or its parent when `path` is the run's export/ folder."""
+    if os.path.basename(os.path.normpath(path)) == "export" and os.path.isfile(os.path.join(path, "export.json")):
+        return os.path.dirname(os.path.normpath(path)) or "."
+    return path
+
+
 def deployed_file(path):
-    """(ONNX file, note): `path` itself, or for a run directory the file its export stage recommends."""
+    """(ONNX file, note): `path` itself, or for a run directory (or its export/ folder) the file its export
+    stage recommends."""
+    if not os.path.exists(path) and not str(path).lower().endswith(".onnx"):  # an .onnx file: "ONNX file not found"
+        raise InputError(f"'{path}' does not exist; pass an .onnx file, or a run directory whose export stage ran")
     if not os.path.isdir(path):
         return path, ""
+    path = run_of(path)
     report = os.path.join(path, "export", "export.json")
     if not os.path.isfile(report):
         raise InputError(f"'{path}' is a folder without export/export.json; pass an .onnx file, or a run directory "
@@ -50,17 +61,18 @@ def predict_files(model, paths, top_k=3, chunk=64):
     reported and skipped, the others still classified."""
     names = model.class_names()
     for start in range(0, len(paths), chunk):
-        batch, kept = [], []
+        batch, errors = [], {}
         for path in paths[start:start + chunk]:
             try:
                 batch.append(model.preprocess([path])[0])
-                kept.append(path)
             except InputError as e:
-                yield path, None, str(e)
-        if not batch:
-            continue
-        probs = _softmax(model(np.stack(batch)))
-        for path, p in zip(kept, probs):
+                errors[path] = str(e)
+        probs = iter(_softmax(model(np.stack(batch))) if batch else [])
+        for path in paths[start:start + chunk]:  # in the order given, unreadable ones in their place
+            if path in errors:
+                yield path, None, errors[path]
+                continue
+            p = next(probs)
             order = np.argsort(-p)[:top_k]
             yield path, [(names[i], float(p[i])) for i in order], None
 
@@ -78,15 +90,32 @@ def labelled_tree(root, class_names):
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     if not classes:
         raise InputError(f"'{root}' holds no class folders; eval needs <class>/<image> folders named like the "
-                         f"model's classes ({', '.join(class_names[:5])}, ...)")
+                         f"model's classes ({_some(class_names, 5)})")
     unknown = [c for c in classes if c not in class_names]
     if unknown:
-        raise InputError(f"'{root}' has class folder(s) the model does not know: {', '.join(unknown[:5])}; the model's "
-                         f"classes are {', '.join(class_names[:10])}")
+        raise InputError(f"'{root}' has class folder(s) the model does not know: {_some(unknown, 5)}; the model's "
+                         f"classes are {_some(class_names, 10)}")
     samples = [(p, class_names.index(c)) for c in classes for p in image_paths([os.path.join(root, c)])]
     if not samples:
         raise InputError(f"'{root}' holds no images in its class folders")
     return root, samples
+
+
+def _some(names, most):
+    """Up to `most` names, and how many more: 'a, b, c and 7 more'."""
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def check_png_path(path):
+    """A clear error now, not after a whole evaluation, for a --png file that cannot be written."""
+    if not path.lower().endswith(".png"):
+        raise InputError(f"--png '{path}': the confusion matrix is drawn as PNG; give a file name ending in .png")
+    folder = os.path.dirname(os.path.abspath(os.path.expanduser(path)))
+    if not os.path.isdir(folder):
+        raise InputError(f"--png '{path}': the folder '{folder}' does not exist; create it or choose another path")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"--png '{path}': the folder '{folder}' is not writable; choose another path")
 
 
 def evaluate_tree(model, samples, chunk=256):

@@ -153,10 +153,13 @@ def verdict(speed, sizes, accuracy, float_layers, e, int8_file="model.int8.onnx"
         return {"deploy": "int8", "file": int8_file, "runtime": rt, "int8_faster": True, "why": why}
     kept = f" even with {', '.join(float_layers)} kept in float" if float_layers else ""
     which = "the faster one" if ratio < 1 else "the one"
+    advice = ("To make int8 pay: keep more layers in float (qat.float_layers), or choose a student with more "
+              "channels per layer" if ratio < 1 else
+              f"int8 is faster, by less than the {e.min_int8_speedup:g}x export.min_int8_speedup asks: lower it to "
+              "deploy the int8 file")
     why = (f"{which_int8}int8 is {speedup_text(ratio)} than fp32{kept} ({timing}; needed {e.min_int8_speedup:g}x), "
            f"so the fp32 file is {which} to deploy; the int8 file is still {smaller:.1f}x smaller, if size matters "
-           f"more than speed; {accuracies}. To make int8 pay: keep more layers in float (qat.float_layers), or "
-           "choose a student with more channels per layer")
+           f"more than speed; {accuracies}. {advice}")
     return {"deploy": "fp32", "file": "model.fp32.onnx", "runtime": rt, "int8_faster": False, "why": why}
 
 

@@ -42,8 +42,12 @@ def build_rows(run, stages):
             notes.append(f"{name}: no rows - its files are damaged ({e.__class__.__name__}: {str(e)[:120]}); "
                          f"rerun it with --stages {name} --force")
             continue
+        changed = _changed_files(run, entry, produced)
         if state != "complete":
             notes.append(f"{name} is stale ({detail}): its rows are marked; `compress run` brings it up to date")
+        elif changed:
+            notes.append(f"{name}: {', '.join(changed)} changed after the stage wrote it: its figures are not that "
+                         f"file's, and the rows are marked; `compress run` writes it again")
         elif hasattr(spec, "report_notes"):
             notes.extend(spec.report_notes(entry))
         for row in produced:
@@ -51,8 +55,22 @@ def build_rows(run, stages):
                 if row["id"] in rows and _still_current(row.pop("measured_from"), entry, manifest, states):
                     rows[row["id"]].update({k: v for k, v in row.items() if k != "id"})
                 continue
-            rows[row["id"]] = {**dict.fromkeys(COLUMNS), **row, "stage": name, "current": state == "complete"}
+            rows[row["id"]] = {**dict.fromkeys(COLUMNS), **row, "stage": name,
+                               "current": state == "complete" and row.get("file") not in changed}
     return [r for r in rows.values() if "artifact" in r and r["artifact"]], notes
+
+
+def _changed_files(run, entry, rows):
+    """The files the rows name that differ from what their stage recorded (changed or removed by hand)."""
+    from compress.fileio import sha256_file
+
+    recorded = entry.get("outputs", {})
+    changed = []
+    for rel in dict.fromkeys(r.get("file") for r in rows if r.get("file") in recorded):
+        path = run.path(rel)
+        if not os.path.isfile(path) or sha256_file(path) != recorded[rel]:
+            changed.append(rel)
+    return changed
 
 
 def _still_current(rel, entry, manifest, states):
