@@ -213,3 +213,12 @@ def test_every_stage_key_and_exclusion_names_a_real_part_of_the_config():
         picked = config_slice(Config(), spec.CONFIG_KEYS)
         if "-data.unlabeled" in spec.CONFIG_KEYS:
             assert "unlabeled" not in picked["data"], name
+
+
+def test_a_store_never_holds_views_no_epoch_shows():
+    """Was: distill.views 4 with distill.epochs 1 built 4 views of teacher outputs (68 s for a resnet18 teacher)
+    and showed one. View e is the same pixels whatever the count, so capping changes no result."""
+    d = load_config(None, ["distill.views=4", "distill.epochs=1"]).distill
+    assert (d.views_for(True), d.views_for(False)) == (1, 1)
+    assert load_config(None, ["distill.views=4", "distill.epochs=10"]).distill.views_for(True) == 4
+    assert load_config(None, ["distill.epochs=7"]).distill.views_for(True) == 7  # null: one per epoch

@@ -179,14 +179,15 @@ def test_kill_9_with_unlabelled_images_resumes_bit_identically(teacher_run, tiny
 
 
 def test_kill_9_while_building_the_store_resumes_the_build(teacher_run, tiny_config, tmp_path):
+    three = "distill.epochs=3"  # three views, one chunk each (a store holds only views some epoch shows)
     straight = copy_of(teacher_run, tmp_path, "straight")
-    assert distill(straight, tiny_config, in_process=True).returncode == 0
+    assert distill(straight, tiny_config, three, in_process=True).returncode == 0
     killed = copy_of(teacher_run, tmp_path, "killed")
-    proc = distill(killed, tiny_config, fault="store:2")
+    proc = distill(killed, tiny_config, three, fault="store:2")
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     chunks = sorted(os.listdir(killed / "distill" / "teacher_outputs"))
     assert chunks == ["chunk-000000.safetensors", "chunk-000001.safetensors"]  # two written, no store.json
-    again = distill(killed, tiny_config)
+    again = distill(killed, tiny_config, three)
     assert again.returncode == 0, again.stderr
     assert "resuming the build of the store" in again.stderr and "(2 of 3 chunks already built)" in again.stderr
     assert metrics(killed)["teacher_outputs"]["chunks_built"] == 1

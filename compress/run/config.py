@@ -351,10 +351,12 @@ class DistillConfig(SGDRecipe):
                 "hint": self.hint.weight}
 
     def views_for(self, augmented):
-        """How many views each image has: 1 without augmentation (every epoch shows the same image)."""
+        """How many views each image has: 1 without augmentation (every epoch shows the same image), and never
+        more than the epochs that show them (a view no epoch shows would cost the teacher's time for nothing; a
+        later, longer run extends the store)."""
         if not augmented:
             return 1
-        return self.views or self.epochs
+        return min(self.views or self.epochs, self.epochs)
 
 
 @dataclass(frozen=True)
