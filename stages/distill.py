@@ -7,6 +7,8 @@ distilling gained.
 The student sees fixed augmented views of each image (one per epoch by default); the teacher's outputs for
 exactly those pixels come from the teacher-output store (`compress.distill.store`), built once and reused."""
 
+import hashlib
+import json
 import logging
 import time
 
@@ -18,12 +20,15 @@ from compress.distill.feature_losses import cosine_loss, hint_loss
 from compress.distill.logit_losses import logit_loss
 from compress.distill.store import StoreSpec, TeacherOutputStore, default_top_k
 from compress.distill.teacher import FrozenTeacher, StudentWithRegressor, wire_features
+from compress.errors import CompressError
+from compress.fileio import atomic_write_json, read_json
 from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained
+from compress.run.config import section_hash
 from compress.run.contract import File, Input, StageResult
 from compress.run.report import file_size
 from compress.training import distributed as dist
-from compress.training.checkpoint import save_weights
+from compress.training.checkpoint import read_weights, save_weights
 from compress.training.loop import evaluate, fit
 from compress.training.losses import label_loss
 from compress.training.schedule import Schedule, build_optimizer
@@ -226,11 +231,49 @@ def _fill_store(ctx, store, plan, teacher, train_set, precision):
     return store.describe(plan, time.perf_counter() - start)
 
 
+# What the student trained alone depends on: not the teacher, the distillation losses, the store or the
+# unlabelled images. A rerun that changes only those (another teacher, another logit loss) reuses it.
+BASELINE_KEYS = ("seed", "data", "-data.unlabeled", "model.student", "model.student_weights", "distill",
+                 "-distill.kd", "-distill.cosine", "-distill.hint", "-distill.ce_weight", "-distill.store",
+                 "-distill.baseline")
+
+
+def baseline_key(ctx, labelled, precision):
+    """A hash of everything the student alone's training depends on (its config, its initial weights file, the
+    labelled images, the precision and the processes)."""
+    weights = {k: v for k, v in ctx.state.inputs.items() if not k.startswith("teacher/")}
+    made_with = {"config": section_hash(ctx.cfg, BASELINE_KEYS), "weights": weights,
+                 "images": labelled.fingerprint(), "precision": precision.name, "world": ctx.env.world,
+                 "device": ctx.env.device.type}
+    return hashlib.sha256(json.dumps(made_with, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _finished_baseline(ctx, key):
+    """The per-epoch history of a student alone an earlier run trained with the same `key`, or None."""
+    try:
+        _, meta = read_weights(ctx.run.path(OUTPUTS["baseline"]))
+        saved = read_json(ctx.run.path(OUTPUTS["baseline_metrics"]), "the student alone's metrics")
+    except CompressError:
+        return None
+    history = saved.get("epochs") if isinstance(saved, dict) else None
+    if meta.get("baseline_key") != key or saved.get("baseline_key") != key or not history or \
+            len(history) != ctx.cfg.distill.epochs:
+        return None
+    return history
+
+
 def _train_baseline(ctx, data, labelled, val, precision):
     """The same student trained alone - cross-entropy only, same initialisation, schedule, seed and augmented
     views, on the labelled images only (it has no labels for the rest) - so the run states what distilling
-    gained."""
+    gained. An earlier run's student alone is reused when nothing it depends on changed."""
     cfg, env, d = ctx.cfg, ctx.env, ctx.cfg.distill
+    key = dist.on_main(env, baseline_key, ctx, labelled, precision)
+    reused = dist.on_main(env, _finished_baseline, ctx, key)
+    if reused:
+        if env.is_main:
+            log.info("distill: the student alone is the one an earlier run trained (%.2f%%): nothing it depends on "
+                     "changed (the teacher and the distillation losses are not among it)", reused[-1]["val_acc"])
+        return reused
     model = new_student(cfg, data).to(env.device)
     precision = precision.place([model], data.train.batch([0]).x)
     ddp_model = dist.wrap_ddp(model, env)
@@ -248,7 +291,10 @@ def _train_baseline(ctx, data, labelled, val, precision):
                   session)
     if env.is_main:
         save_weights(ctx.run.path(OUTPUTS["baseline"]), model,
-                     {**ctx.weights_metadata(cfg.model.student, data), "role": "baseline: trained alone, CE only"})
+                     {**ctx.weights_metadata(cfg.model.student, data), "role": "baseline: trained alone, CE only",
+                      "baseline_key": key})
+        atomic_write_json(ctx.run.path(OUTPUTS["baseline_metrics"]),
+                          {"stage": "distill baseline", "epochs": history, "baseline_key": key})
     return history
 
 

@@ -217,3 +217,29 @@ def test_two_processes_build_the_same_store_and_keep_replicas_identical(teacher_
     manifests = [json.loads((r / folder / "store.json").read_text()) for r in (single, double)]
     assert manifests[0]["chunks"] == manifests[1]["chunks"] and manifests[1]["last_build"]["processes"] == 2
     assert abs(m["val_acc"] - metrics(single)["val_acc"]) < 10
+
+
+def test_the_student_alone_is_reused_when_only_the_teacher_or_the_losses_changed(teacher_run, tiny_config, tmp_path):
+    """Was: every distill rerun trained the student alone again - half of distill's time - though it does not
+    depend on the teacher or the distillation losses. Reused, it is the one a fresh run would train."""
+    run = copy_of(teacher_run, tmp_path)
+    first = invoke("run", "-c", tiny_config, "--run-dir", run, "--stages", "distill", "--set", "teacher.epochs=3",
+                   "--set", "data.limit=600", "--set", "distill.epochs=2", "--set", "distill.hint.weight=0")
+    assert first.exit_code == 0, first.output
+    alone = metrics(run)["baseline_val_acc"]
+    again = invoke("run", "-c", tiny_config, "--run-dir", run, "--stages", "distill", "--set", "teacher.epochs=3",
+                   "--set", "data.limit=600", "--set", "distill.epochs=2", "--set", "distill.hint.weight=0",
+                   "--set", "distill.kd.method=dist")
+    assert again.exit_code == 0, again.output
+    assert "distill: the student alone is the one an earlier run trained" in again.stderr
+    assert metrics(run)["kd_method"] == "dist" and metrics(run)["baseline_val_acc"] == alone
+    fresh = copy_of(teacher_run, tmp_path, "fresh")  # the same settings, no earlier student alone
+    proc = distill(fresh, tiny_config, "distill.kd.method=dist", "distill.baseline=true", in_process=True)
+    assert proc.returncode == 0 and metrics(fresh)["baseline_val_acc"] == alone
+    x, _ = read_weights(run / "distill/baseline.safetensors")
+    y, _ = read_weights(fresh / "distill/baseline.safetensors")
+    assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    changed = invoke("run", "-c", tiny_config, "--run-dir", run, "--stages", "distill", "--set", "teacher.epochs=3",
+                     "--set", "data.limit=600", "--set", "distill.epochs=2", "--set", "distill.hint.weight=0",
+                     "--set", "distill.kd.method=dist", "--set", "distill.lr=0.02")
+    assert changed.exit_code == 0 and "the one an earlier run trained" not in changed.stderr  # it depends on lr

@@ -10,6 +10,7 @@ pipeline runs before it writes anything.
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -327,7 +328,8 @@ class DistillConfig(SGDRecipe):
                            "with another training seed reuse the stored teacher outputs")
     store: StoreConfig = _f(StoreConfig(), "")
     baseline: bool = _f(True, "also train the student alone (CE only, same initialisation, schedule, seed and "
-                              "augmented views, labelled images only) so the report states what distillation gained")
+                              "augmented views, labelled images only) so the report states what distillation gained; "
+                              "a rerun that changes only the teacher or the distillation losses reuses it")
 
     def __post_init__(self):
         problems_if(self._recipe_checks() + [
@@ -553,6 +555,12 @@ def dump_config(cfg):
 def config_slice(cfg, keys):
     """The parts of the config a stage depends on, by dotted key ('data', 'model.teacher', ...); a key written
     '-data.unlabeled' leaves that part out of the one above it."""
+    if isinstance(cfg, ConfigView):  # a stage's view: only keys it may read (the read raises if not), then whole
+        assert object.__getattribute__(cfg, "_path") == "", "a slice of the whole config's view only"
+        for key in keys:
+            if not key.startswith("-"):
+                functools.reduce(getattr, key.split("."), cfg)
+        cfg = object.__getattribute__(cfg, "_cfg")
     whole = schema.to_dict(cfg)
     picked = {key: copy.deepcopy(schema.get_path(whole, key)) for key in keys if not key.startswith("-")}
     for key in keys:
