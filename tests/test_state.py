@@ -161,6 +161,7 @@ def test_a_checkpoint_of_another_config_or_a_damaged_one_starts_over(run):
     write(run, checkpoint_rel("teacher"), b"\x00garbage")
     reason = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason
     assert reason.startswith("the resume checkpoint is unreadable") and reason.endswith("starting over")
+    assert "delete it" not in reason and "--force" not in reason  # what it advised happens anyway
 
 
 def test_a_mid_epoch_checkpoint_of_another_world_size_redoes_that_epoch(run):

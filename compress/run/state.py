@@ -80,8 +80,8 @@ def read_resume(run, stage, part="", epochs=None):
 
     try:
         state = read_metadata(path).get("state")
-    except CompressError as e:
-        return None, f"the resume checkpoint is unreadable ({e})"
+    except CompressError as e:  # its advice (delete it, or --force) is what happens anyway: it starts over
+        return None, f"the resume checkpoint is unreadable ({str(e).split('; delete it')[0]})"
     problem = resume_state_problem(state, epochs)
     if problem:
         return None, f"the resume checkpoint is damaged ({problem})"
