@@ -207,3 +207,9 @@ def test_a_user_model_that_cannot_take_channels_last_tensors_trains_in_the_defau
     assert stages["teacher"]["metrics"]["memory_format"] == "channels_last"
     assert stages["distill"]["metrics"]["memory_format"] == "contiguous"
     assert stages["distill"]["metrics"]["val_acc"] > 0
+
+
+def test_compress_models_names_every_form_a_model_key_takes():
+    result = invoke("models")
+    assert result.exit_code == 0 and "compact_cnn" in result.output and "resnet20" in result.output
+    assert "torchvision:<builder>" in result.output and "<module>:<function>" in result.output  # was: README only

@@ -222,4 +222,8 @@ def models_cmd():
     click.echo("models:")
     for name, text in DESCRIPTIONS.items():
         click.echo(f"  {name:26} {text}")
+    click.echo(f"  {'torchvision:<builder>':26} any torchvision classification model, e.g. torchvision:resnet50 "
+               "(first conv and classifier adapted to your channels and classes; weights: model.*_weights)")
+    click.echo(f"  {'<module>:<function>':26} your own code: called with the keyword arguments it names of "
+               "num_classes, in_channels, image_size; returns an nn.Module")
     click.echo("datasets: " + ", ".join(DATASETS))
