@@ -1,5 +1,6 @@
 """The teacher-output store: top-k packing, self-checking chunks, resumed and extended builds, and the key."""
 
+import json
 import math
 import os
 
@@ -171,6 +172,21 @@ def test_logits_beyond_fp16_are_stored_clamped_not_as_inf(tmp_path, digits, capl
     store.open()
     batch = train.batch(range(10), epoch=0)
     assert torch.isfinite(store.lookup(batch.index, batch.view, "cpu")["logits"]).all()
+    # a store an older version built with inf in it is rebuilt, not reused
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from compress.distill.store import _sha256
+
+    path = store.chunk_path(0)
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(path)
+    tensors["values"][0, 0] = float("inf")  # its checksums made to match: only the values are wrong
+    save_file(tensors, path, {**meta, "sha256": json.dumps({k: _sha256(v) for k, v in tensors.items()},
+                                                          sort_keys=True)})
+    plan = TeacherOutputStore(str(tmp_path / "store"), store.spec).prepare(DistEnv())
+    assert plan["status"] == "rebuild" and plan["missing"] == [0]
 
 
 def test_a_teacher_whose_outputs_are_not_finite_is_named_and_nothing_is_stored(tmp_path, digits):

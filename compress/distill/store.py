@@ -225,7 +225,8 @@ class TeacherOutputStore:
         return [c for c in range(self.spec.chunks) if flags[c]]
 
     def _chunk_ok(self, c):
-        """The chunk file is whole, of this store, and every tensor's bytes hash to what its metadata says."""
+        """The chunk file is whole, of this store, every tensor's bytes hash to what its metadata says, and its
+        values are finite (an older build stored logits beyond fp16's range as inf)."""
         from safetensors import SafetensorError
         from safetensors.torch import load
 
@@ -239,7 +240,8 @@ class TeacherOutputStore:
             return False
         if meta.get("store") != self.spec.key or meta.get("chunk") != str(c) or set(sums) != set(tensors):
             return False
-        return all(_sha256(t) == sums[name] for name, t in tensors.items())
+        return all(_sha256(t) == sums[name] and (not t.is_floating_point() or bool(torch.isfinite(t).all()))
+                   for name, t in tensors.items())
 
     # ------------------------------------------------------------------ building
 
