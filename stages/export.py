@@ -12,7 +12,7 @@ import torch
 from compress import __version__
 from compress.data.datasets import load_data
 from compress.data.sampling import eval_loader
-from compress.deploy.latency import latency_table, speedup_text
+from compress.deploy.latency import latency_table, latency_tables, speedup_text
 from compress.deploy.onnx_model import INT8_KERNELS, OnnxModel, optimized_op_types
 from compress.deploy.runtimes import default_runtimes
 from compress.errors import CompressError, StageFailed
@@ -60,9 +60,9 @@ def run(ctx):
     report["size_ratio_int8_fp32"] = round(report["size_bytes"]["int8"] / report["size_bytes"]["fp32"], 4)
     report.update(_parity(float_model, int8_model, paths, loader))
     stop_if_asked("after checking parity")
-    report["runtimes"] = {rt: {k: latency_table(p, e.latency_batch_sizes, repeats=e.latency_repeats,
-                                                warmup=e.latency_warmup, stop=stop_if_asked, runtime=rt)
-                               for k, p in paths.items()} for rt in runtimes}
+    report["runtimes"] = {rt: latency_tables(paths, e.latency_batch_sizes, repeats=e.latency_repeats,
+                                             warmup=e.latency_warmup, stop=stop_if_asked, runtime=rt)
+                          for rt in runtimes}
     report["latency_ms"] = dict(report["runtimes"][runtimes[0]])  # the deciding runtime's: the report's columns
     batch = max(e.latency_batch_sizes)
     # the int8 file the verdict weighs: QAT's, or PTQ's when that is more accurate beyond noise

@@ -5,9 +5,9 @@ import numpy as np
 
 from compress.cpus import usable_cpus
 from compress.deploy.onnx_model import OnnxModel
-from compress.deploy.timing import compare_latency, median_ms, speedup_text
+from compress.deploy.timing import compare_latency, interleaved_medians, median_ms, speedup_text
 
-__all__ = ["compare_latency", "latency_table", "median_ms", "speedup_text"]
+__all__ = ["compare_latency", "latency_table", "latency_tables", "median_ms", "speedup_text"]
 
 
 def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime="onnxruntime"):
@@ -32,3 +32,25 @@ def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5,
                            warmup)
             rows.append({"batch": b, "threads": t, "ms": round(ms, 4), "images_per_s": round(b * 1000.0 / ms, 1)})
     return rows
+
+
+def latency_tables(paths, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime="onnxruntime"):
+    """{name: latency_table rows} for several files {name: path}. In onnxruntime the files take turns in each
+    cell (interleaved rounds), so a busy machine slows them alike and the table's ratios hold (timed one after
+    the other, the same PTQ and QAT files read 2.09 and 4.99 ms on a loaded machine); OpenVINO times each file
+    in a child process of its own, one after the other."""
+    if runtime != "onnxruntime" or len(paths) < 2:
+        return {k: latency_table(p, batch_sizes, threads, repeats, warmup, stop, runtime) for k, p in paths.items()}
+    threads = list(threads or (1, usable_cpus()))
+    shape = OnnxModel(next(iter(paths.values())), require_metadata=False).input_shape
+    tables = {k: [] for k in paths}
+    for t in threads:
+        models = {k: OnnxModel(p, threads=t, require_metadata=False) for k, p in paths.items()}
+        for b in batch_sizes:
+            if stop:
+                stop()
+            x = np.random.default_rng(0).standard_normal((b, *shape), dtype=np.float32)
+            for k, ms in interleaved_medians(models, x, repeats, warmup).items():
+                tables[k].append({"batch": b, "threads": t, "ms": round(ms, 4),
+                                  "images_per_s": round(b * 1000.0 / ms, 1)})
+    return tables

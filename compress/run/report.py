@@ -104,10 +104,10 @@ def _fmt_size(value):
     return f"{value / 1e6:.2f} MB" if value >= 1e6 else f"{value / 1e3:.0f} KB"
 
 
-LATENCY_CAPTION = ("Latency: median ms per batch on the most threads measured, each file timed on its own. The "
-                   "deploy verdict below times fp32 and int8 interleaved, round by round, and takes each one's "
-                   "fastest round: the fairer comparison of the two, so on a busy machine its figures and ratio can "
-                   "differ from the table's.")
+LATENCY_CAPTION = ("Latency: median ms per batch on the most threads measured; in onnxruntime the ONNX files take "
+                   "turns, round by round, so a busy machine slows them alike (the teacher is timed on its own). "
+                   "The deploy verdict below times fp32 and the int8 file it weighs once more and takes each one's "
+                   "fastest round, so its figures can differ a little from the table's medians.")
 
 
 def write_report(run, stages):
