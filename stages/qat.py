@@ -176,10 +176,11 @@ def choose_float_layers(ctx, float_model, data):
     tried = "; ".join(f"{t['float']} float {t['with_float_ms']:.2f} ms vs int8 {t['int8_ms']:.2f} ms"
                       for t in figures["tried"])
     slower = figures["chosen_ms"] > figures["fp32_ms"] and not layers
-    log.info("qat: with every layer int8 the student is %s in onnxruntime; kept float: %s (%s)%s",
-             _ratio(figures["fp32_ms"], figures["all_int8_ms"]), ", ".join(layers) or "none", tried,
+    log.info("qat: with every layer int8 the student is %s in onnxruntime; kept float: %s (%s)%s; a choice made "
+             "from timings, which a busy machine can change: --set qat.float_layers=[%s] fixes it", _ratio(
+                 figures["fp32_ms"], figures["all_int8_ms"]), ", ".join(layers) or "none", tried,
              "; no group of layers kept in float paid 5%, and int8 stays slower than fp32: export will measure the "
-             "files again and recommend fp32 if it still is" if slower else "")
+             "files again and recommend fp32 if it still is" if slower else "", ",".join(layers))
     return layers, figures
 
 
