@@ -3,6 +3,7 @@
 
 import json
 import os
+import shutil
 import struct
 import zlib
 
@@ -167,6 +168,9 @@ CASES = {
     "checkpoint: edited bytes": (
         lambda r, t: flip_last_byte(r / "teacher" / "model.safetensors"),
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--force"], "was modified after it was written"),
+    "checkpoint: replaced by hand, the stage reading it up to date": (  # was: "qat: up to date, skipped", exit 0
+        lambda r, t: shutil.copyfile(r / "distill" / "baseline.safetensors", r / "distill" / "model.safetensors"),
+        lambda r, t: ["run", "--run-dir", r, "--stages", "qat"], "was modified after it was written"),
     "checkpoint: another model": (
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "model.teacher=light_cnn"],

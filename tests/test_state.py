@@ -109,20 +109,26 @@ def test_a_new_input_reruns_the_stage_that_read_the_old_one(run):
     assert state.reason == f"its input {TEACHER} changed"
 
 
-def test_a_hand_modified_upstream_file_is_a_changed_input(run, caplog):
-    """Was: distill/model.safetensors replaced by hand, and `--stages qat` said "up to date" - the decision read
-    the checksum the distill stage recorded, not the file."""
+def test_a_hand_modified_upstream_file_is_not_skipped_over(run):
+    """Was: distill/model.safetensors replaced by hand, and `--stages qat` said "up to date, skipped" - the
+    decision read the checksum the distill stage recorded, not the file. Now the stage runs, and loading the
+    file refuses it (test_bad_inputs: "was modified after it was written", exit 2, nothing written)."""
     sums = complete(run, "teacher", cfg(), [TEACHER])
     complete(run, "distill", cfg(), ["distill/model.safetensors"], inputs=sums)
+    assert decide(run, cfg(), STAGES["distill"], False, STAGES, 1).action == "skip"
     write(run, TEACHER, b"someone else's teacher")
-    with caplog.at_level(logging.WARNING):
-        state = decide(run, cfg(), STAGES["distill"], False, STAGES, 1)
-    assert (state.action, state.reason) == ("fresh", f"its input {TEACHER} changed")
-    assert state.inputs[TEACHER] == sha256_file(run.path(TEACHER))
-    assert f"distill: {TEACHER} was modified after the teacher stage wrote it; reading it as it is now" in caplog.text
-    # a checkpoint the earlier run wrote: its inputs name what changed
+    state = decide(run, cfg(), STAGES["distill"], False, STAGES, 1)
+    assert (state.action, state.reason) == ("fresh", f"its input {TEACHER} was modified after it was written")
+    assert state.inputs[TEACHER] == sums[TEACHER]  # the recorded checksum: what the stage's load verifies
+
+
+def test_a_checkpoint_written_before_an_input_changed_names_the_input(run):
+    sums = complete(run, "teacher", cfg(), [TEACHER])
     run.update_stage("distill", status="interrupted")
     checkpoint(run, "distill", cfg(), epoch=1, step=3, inputs=sums)
+    complete(run, "teacher", cfg(), [TEACHER])
+    write(run, TEACHER, b"a retrained teacher")
+    run.update_stage("teacher", outputs={TEACHER: sha256_file(run.path(TEACHER))})
     assert decide(run, cfg(), STAGES["distill"], False, STAGES, 1).reason == (
         "its resume checkpoint (distill/last/checkpoint.safetensors) was written by an earlier run with other inputs "
         f"({TEACHER} changed since); starting over")

@@ -102,7 +102,9 @@ def decide(run, cfg, spec, force, stages, world):
     if force:
         return StageState(action="fresh", reason="--force", announce="running (--force)", **base)
     if entry and entry.get("status") == "complete":
-        changed = _changes(run, entry, base)
+        modified = _modified_inputs(run, inputs)  # was: "up to date, skipped" over a file replaced by hand
+        changed = f"its input {modified[0]} was modified after it was written" if modified else _changes(run, entry,
+                                                                                                           base)
         if not changed:
             return StageState(action="skip", reason="same config and inputs", **base)
         return StageState(action="fresh", reason=changed, announce=f"running again: {changed}", **base)
@@ -186,13 +188,14 @@ def _inputs(run, cfg, spec, entries, states, stages):
         if states[item.stage][0] != "complete":
             log.warning("%s: reading %s from the %s stage, which is stale (%s)", spec.NAME, rel, item.stage,
                         states[item.stage][1])
-        # the file as it is now, not as its stage recorded it: a file replaced or damaged by hand is a changed input
-        inputs[rel] = sha256_file(run.path(rel))
-        if inputs[rel] != entry["outputs"][rel]:
-            log.warning("%s: %s was modified after the %s stage wrote it; reading it as it is now (rerun %s to "
-                        "get its own file back)", spec.NAME, rel, item.stage, item.stage)
+        inputs[rel] = entry["outputs"][rel]  # what the stage verifies the file against when it loads it
         sources[f"{item.stage}:{item.output}"] = rel
     return inputs, sources
+
+
+def _modified_inputs(run, inputs):
+    """The run-directory inputs whose bytes are no longer what their stage recorded (replaced or damaged since)."""
+    return [rel for rel, sha in inputs.items() if not rel.startswith(EXTERNAL) and sha256_file(run.path(rel)) != sha]
 
 
 def missing_upstream(run, cfg, stage_names, stages):
