@@ -28,11 +28,11 @@ def _model(path):
     file, note = deployed_file(path)
     if note:
         click.echo(f"using {note}", err=True)
-        _warn_if_stale(run_of(path), file)
+        _warn_if_unverified(run_of(path), file)
     return OnnxModel(file)
 
 
-def _warn_if_stale(run_dir, file):
+def _warn_if_unverified(run_dir, file):
     """Say when a run's deployed file is not what a finished export verified: export ran again upstream (stale),
     failed its checks, or the file was changed after export wrote it. Only warnings: a folder without a readable
     manifest still serves its files, as it did before."""
@@ -219,16 +219,10 @@ def bench(models, batch, threads, repeats, warmup, runtime):
 
 def _run_pair(path):
     """(fp32 file, int8 file the verdict weighed) of a run directory (or its export/ folder)."""
-    from compress.deploy.evaluate import run_of
-    from compress.errors import InputError
-    from compress.fileio import read_json
+    from compress.deploy.evaluate import export_report
 
-    run = run_of(path)
-    report = os.path.join(run, "export", "export.json")
-    if not os.path.isfile(report):
-        raise InputError(f"'{path}' is a folder without export/export.json; pass .onnx files, or a run directory "
-                         "whose export stage ran (compress run --stages export)")
-    int8 = (read_json(report, "export report").get("speed") or {}).get("int8_file", "model.int8.onnx")
+    run, report = export_report(path)
+    int8 = (report.get("speed") or {}).get("int8_file", "model.int8.onnx")
     return tuple(os.path.join(run, "export", name) for name in ("model.fp32.onnx", int8))
 
 

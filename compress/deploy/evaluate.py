@@ -20,6 +20,16 @@ def run_of(path):
     return path
 
 
+def export_report(path):
+    """(run directory, its export.json) for a run directory or its export/ folder; one clear error otherwise."""
+    run = run_of(path)
+    report = os.path.join(run, "export", "export.json")
+    if not os.path.isfile(report):
+        raise InputError(f"'{path}' is a folder without export/export.json; pass an .onnx file, or a run directory "
+                         "whose export stage ran (compress run --stages export)")
+    return run, read_json(report, "export report")
+
+
 def deployed_file(path):
     """(ONNX file, note): `path` itself, or for a run directory (or its export/ folder) the file its export
     stage recommends."""
@@ -27,13 +37,9 @@ def deployed_file(path):
         raise InputError(f"'{path}' does not exist; pass an .onnx file, or a run directory whose export stage ran")
     if not os.path.isdir(path):
         return path, ""
-    path = run_of(path)
-    report = os.path.join(path, "export", "export.json")
-    if not os.path.isfile(report):
-        raise InputError(f"'{path}' is a folder without export/export.json; pass an .onnx file, or a run directory "
-                         "whose export stage ran (compress run --stages export)")
-    verdict = read_json(report, "export report").get("verdict") or {"file": "model.int8.onnx", "why": ""}
-    return os.path.join(path, "export", verdict["file"]), f"{verdict['file']}, as export recommends: {verdict['why']}"
+    run, report = export_report(path)
+    verdict = report.get("verdict") or {"file": "model.int8.onnx", "why": ""}
+    return os.path.join(run, "export", verdict["file"]), f"{verdict['file']}, as export recommends: {verdict['why']}"
 
 
 def image_paths(arguments):
