@@ -21,7 +21,7 @@ from compress.distill.logit_losses import logit_loss
 from compress.distill.store import StoreSpec, TeacherOutputStore, default_top_k
 from compress.distill.teacher import FrozenTeacher, StudentWithRegressor, wire_features
 from compress.errors import CompressError
-from compress.fileio import atomic_write_json, read_json
+from compress.fileio import atomic_write_json, read_json, sha256_file
 from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained
 from compress.run.config import section_hash
@@ -238,26 +238,34 @@ BASELINE_KEYS = ("seed", "data", "-data.unlabeled", "model.student", "model.stud
                  "-distill.baseline")
 
 
-def baseline_key(ctx, labelled, precision):
-    """A hash of everything the student alone's training depends on (its config, its initial weights file, the
-    labelled images, the precision and the processes)."""
+def baseline_key(ctx, data, labelled, precision):
+    """A hash of everything the student alone's training and its validation figures depend on: its config, its
+    initial weights file, the labelled and validation images, the precision and memory layout, the processes and
+    threads (CPU results are bit-identical only at the same thread count)."""
     weights = {k: v for k, v in ctx.state.inputs.items() if not k.startswith("teacher/")}
     made_with = {"config": section_hash(ctx.cfg, BASELINE_KEYS), "weights": weights,
-                 "images": labelled.fingerprint(), "precision": precision.name, "world": ctx.env.world,
-                 "device": ctx.env.device.type}
+                 "images": labelled.fingerprint(), "val": data.val.fingerprint(),
+                 "precision": [precision.name, precision.layout], "world": ctx.env.world,
+                 "device": ctx.env.device.type, "threads": torch.get_num_threads()}
     return hashlib.sha256(json.dumps(made_with, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _finished_baseline(ctx, key):
-    """The per-epoch history of a student alone an earlier run trained with the same `key`, or None."""
+    """The per-epoch history of a student alone an earlier run trained with the same `key`, or None: not with
+    --force, and only when its weights file is the one that run wrote (checked by sha256)."""
+    if ctx.state.reason == "--force":
+        return None
     try:
-        _, meta = read_weights(ctx.run.path(OUTPUTS["baseline"]))
         saved = read_json(ctx.run.path(OUTPUTS["baseline_metrics"]), "the student alone's metrics")
+        if not isinstance(saved, dict) or saved.get("baseline_key") != key or not isinstance(saved.get("sha256"), str):
+            return None
+        _, meta = read_weights(ctx.run.path(OUTPUTS["baseline"]), expect_sha256=saved["sha256"])
     except CompressError:
         return None
-    history = saved.get("epochs") if isinstance(saved, dict) else None
-    if meta.get("baseline_key") != key or saved.get("baseline_key") != key or not history or \
-            len(history) != ctx.cfg.distill.epochs:
+    history = saved.get("epochs")
+    if meta.get("baseline_key") != key or not isinstance(history, list) or len(history) != ctx.cfg.distill.epochs \
+            or not all(isinstance(h, dict) and isinstance(h.get("epoch"), int) and
+                       isinstance(h.get("val_acc"), (int, float)) for h in history):
         return None
     return history
 
@@ -267,7 +275,7 @@ def _train_baseline(ctx, data, labelled, val, precision):
     views, on the labelled images only (it has no labels for the rest) - so the run states what distilling
     gained. An earlier run's student alone is reused when nothing it depends on changed."""
     cfg, env, d = ctx.cfg, ctx.env, ctx.cfg.distill
-    key = dist.on_main(env, baseline_key, ctx, labelled, precision)
+    key = dist.on_main(env, baseline_key, ctx, data, labelled, precision)
     reused = dist.on_main(env, _finished_baseline, ctx, key)
     if reused:
         if env.is_main:
@@ -294,7 +302,8 @@ def _train_baseline(ctx, data, labelled, val, precision):
                      {**ctx.weights_metadata(cfg.model.student, data), "role": "baseline: trained alone, CE only",
                       "baseline_key": key})
         atomic_write_json(ctx.run.path(OUTPUTS["baseline_metrics"]),
-                          {"stage": "distill baseline", "epochs": history, "baseline_key": key})
+                          {"stage": "distill baseline", "epochs": history, "baseline_key": key,
+                           "sha256": sha256_file(ctx.run.path(OUTPUTS["baseline"]))})
     return history
 
 

@@ -239,7 +239,16 @@ def test_the_student_alone_is_reused_when_only_the_teacher_or_the_losses_changed
     x, _ = read_weights(run / "distill/baseline.safetensors")
     y, _ = read_weights(fresh / "distill/baseline.safetensors")
     assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
-    changed = invoke("run", "-c", tiny_config, "--run-dir", run, "--stages", "distill", "--set", "teacher.epochs=3",
-                     "--set", "data.limit=600", "--set", "distill.epochs=2", "--set", "distill.hint.weight=0",
-                     "--set", "distill.kd.method=dist", "--set", "distill.lr=0.02")
+    base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "distill", "--set", "teacher.epochs=3",
+            "--set", "data.limit=600", "--set", "distill.epochs=2", "--set", "distill.hint.weight=0"]
+    forced = invoke(*base, "--set", "distill.kd.method=dist", "--force")  # --force redoes the whole stage
+    assert forced.exit_code == 0 and "the one an earlier run trained" not in forced.stderr
+    path = run / "distill/baseline.safetensors"  # its bytes changed since the run that wrote it: trained again
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    flipped = invoke(*base, "--set", "distill.kd.method=hinton")
+    assert flipped.exit_code == 0 and "the one an earlier run trained" not in flipped.stderr
+    assert metrics(run)["baseline_val_acc"] == alone
+    changed = invoke(*base, "--set", "distill.kd.method=dist", "--set", "distill.lr=0.02")
     assert changed.exit_code == 0 and "the one an earlier run trained" not in changed.stderr  # it depends on lr
