@@ -201,6 +201,13 @@ def test_a_teacher_whose_outputs_are_not_finite_is_named_and_nothing_is_stored(t
     folder = tmp_path / "store"
     store = TeacherOutputStore(str(folder), spec(data_fingerprint=train.fingerprint(), views=1))
     with pytest.raises(StageFailed, match=r"distill: the teacher's outputs are not finite \(NaN or inf\) for 1 "
-                                          r"training image\(s\): the teacher checkpoint is broken"):
+                                          r"training image\(s\): the teacher checkpoint is broken.*the store "
+                                          r"is left unfinished"):
         store.build(broken, train, DistEnv(), 256, lambda x: x, store.prepare(DistEnv()))
     assert not read_chunks(folder) and not (folder / "store.json").exists()
+    # computed in fp16 (a GPU without bf16), the overflow is the precision's, not a broken checkpoint's
+    store = TeacherOutputStore(str(tmp_path / "fp16"), spec(data_fingerprint=train.fingerprint(), views=1,
+                                                             precision="fp16"))
+    with pytest.raises(StageFailed, match=r"for 1 training image\(s\) in fp16, the precision this run computes it in: "
+                                          r"its outputs overflow fp16's range - set train.precision to fp32"):
+        store.build(broken, train, DistEnv(), 256, lambda x: x, store.prepare(DistEnv()))

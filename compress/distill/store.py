@@ -281,9 +281,7 @@ class TeacherOutputStore:
                                     env, what="resume the build")
             every = dist.all_gather_tensor(env, stats)
             broken, peak = sum(int(t[0]) for t in every), max(peak, *(float(t[1]) for t in every))
-            dist.fail_if(env, broken > 0, f"distill: the teacher's outputs are not finite (NaN or inf) for {broken} "
-                         "training image(s): the teacher checkpoint is broken - retrain it (`compress run --stages "
-                         "teacher --force`, with a lower teacher.lr if its loss grew); nothing of it was stored")
+            dist.fail_if(env, broken > 0, self._non_finite_message(broken))
             for c, tensors in self._gather(env, mine, packed):
                 if env.is_main:
                     self._write_chunk(c, tensors)
@@ -295,6 +293,14 @@ class TeacherOutputStore:
         if env.is_main:
             self._write_manifest(plan["views_kept"], time.perf_counter() - start, env.world)
         dist.barrier(env)
+
+    def _non_finite_message(self, broken):
+        where = f"distill: the teacher's outputs are not finite (NaN or inf) for {broken} training image(s)"
+        if self.spec.precision == "fp16":  # autocast overflowed before the store saw the outputs
+            return (f"{where} in fp16, the precision this run computes it in: its outputs overflow fp16's range - "
+                    "set train.precision to fp32 (or bf16 where the hardware has it); the store is left unfinished")
+        return (f"{where}: the teacher checkpoint is broken - retrain it (`compress run --stages teacher --force`, "
+                "with a lower teacher.lr if its loss grew); the store is left unfinished")
 
     def _compute(self, c, teacher, dataset, batch_size, inputs, autocast, stats):
         """One chunk's packed teacher outputs; `stats` gets the images whose outputs are not finite, and the
@@ -308,10 +314,12 @@ class TeacherOutputStore:
             with autocast():
                 out = teacher(inputs(dataset.batch(samples, views=[view] * len(samples)).x))
             outputs = [out["logits"].float().cpu()] + ([out["cosine"].float().cpu()] if self.spec.cosine_width else [])
+            whole = torch.ones(len(samples), dtype=torch.bool)  # images whose every output is finite
             for x in outputs:
                 finite = torch.isfinite(x)
-                stats[0] += int((~finite.all(1)).sum())
+                whole &= finite.flatten(1).all(1)
                 stats[1] = max(float(stats[1]), float(x[finite].abs().max()) if finite.any() else 0.0)
+            stats[0] += int((~whole).sum())
             part = pack_logits(outputs[0], self.spec)
             if self.spec.cosine_width:
                 part["cosine"] = to_fp16(outputs[1])
