@@ -107,7 +107,9 @@ def test_predict_on_a_run_whose_export_is_stale_says_so(run_copy, tmp_path):
     with open(run_copy / "export" / deployed, "ab") as f:
         f.write(b"\0")
     changed = invoke("predict", run_copy, *paths)
-    assert f"warning: export/{deployed} was changed after export wrote and checked it" in changed.stderr
+    assert f"warning: export/{deployed} changed after export wrote and checked it" in changed.stderr
+    benched = invoke("bench", run_copy, "--batch", "1", "--threads", "1", "--repeats", "3")  # bench warns too
+    assert f"warning: export/{deployed} changed after export wrote and checked it" in benched.stderr
     report = invoke("report", run_copy)
     assert report.exit_code == 0, report.output
     text = (run_copy / "report.md").read_text()  # was: every row current, and "Deploy export/..." the changed file
@@ -115,6 +117,11 @@ def test_predict_on_a_run_whose_export_is_stale_says_so(run_copy, tmp_path):
     rows = json.loads((run_copy / "report.json").read_text())["rows"]
     assert [r["current"] for r in rows if r["file"] == f"export/{deployed}"] == [False]
     (run_copy / "export" / deployed).write_bytes(original)
+    manifest = json.loads((run_copy / "manifest.json").read_text())  # as a kill -9 during export leaves it
+    manifest["stages"]["export"]["status"] = "running"
+    (run_copy / "manifest.json").write_text(json.dumps(manifest))
+    killed = invoke("predict", run_copy, *paths)
+    assert "warning: the last export did not finish (interrupted)" in killed.stderr, killed.output
     (run_copy / "manifest.json").write_text("{not json")  # no readable manifest: the files are still served
     unreadable = invoke("predict", run_copy, *paths)
     assert unreadable.exit_code == 0 and "warning" not in unreadable.stderr, unreadable.output

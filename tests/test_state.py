@@ -143,6 +143,12 @@ def test_a_stage_that_failed_before_its_first_checkpoint_says_so_when_it_runs_ag
     run.update_stage("teacher", status="interrupted")
     assert decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason == (
         "the last run was interrupted before its first checkpoint; starting over")
+    sums = complete(run, "teacher", cfg(), [TEACHER])  # a stage that writes no checkpoints: no word of them
+    complete(run, "distill", cfg(), ["distill/model.safetensors"], inputs=sums)
+    complete(run, "qat", cfg(), ["qat/qat.safetensors"], inputs={})
+    run.update_stage("export", status="failed", message="export: 1 check(s) failed - int8_parity: low; files kept")
+    assert decide(run, cfg(), STAGES["export"], False, STAGES, 1).headline == (
+        "running again: the last run failed (export: 1 check(s) failed - int8_parity: low)")
 
 
 def test_an_interrupted_stage_resumes_from_the_step_its_checkpoint_names(run):

@@ -32,7 +32,7 @@ def _model(path):
     return OnnxModel(file)
 
 
-def _warn_if_unverified(run_dir, file):
+def _warn_if_unverified(run_dir, *files):
     """Say when a run's deployed file is not what a finished export verified: export ran again upstream (stale),
     failed its checks, or the file was changed after export wrote it. Only warnings: a folder without a readable
     manifest still serves its files, as it did before."""
@@ -46,8 +46,9 @@ def _warn_if_unverified(run_dir, file):
     try:
         state, detail = stage_states(run, ORDER)["export"]
         recorded = (run.manifest()["stages"].get("export") or {}).get("outputs", {})
-        rel = os.path.relpath(file, run_dir).replace(os.sep, "/")
-        changed = rel in recorded and os.path.isfile(file) and sha256_file(file) != recorded[rel]
+        rels = [os.path.relpath(f, run_dir).replace(os.sep, "/") for f in files]
+        changed = [rel for rel, f in zip(rels, files)
+                   if rel in recorded and os.path.isfile(f) and sha256_file(f) != recorded[rel]]
     except CompressError:
         return
     fix = f"`compress run --run-dir {run_dir}` brings the run up to date (it skips what already is)"
@@ -56,8 +57,12 @@ def _warn_if_unverified(run_dir, file):
     elif state == "failed":
         click.echo(f"warning: the last export failed ({detail.split(';')[0]}): its files are kept for inspection, "
                    f"not verified for deployment; {fix}", err=True)
+    elif state != "complete":  # interrupted or killed part-way: some files may be rewritten, others older
+        click.echo(f"warning: the last export did not finish ({state}): its files may be partly from an earlier "
+                   f"export; {fix}", err=True)
     elif changed:
-        click.echo(f"warning: {rel} was changed after export wrote and checked it; {fix}", err=True)
+        click.echo(f"warning: {' and '.join(changed)} changed after export wrote and checked "
+                   f"{'them' if len(changed) > 1 else 'it'}; {fix}", err=True)
 
 
 @cli.command()
@@ -223,7 +228,9 @@ def _run_pair(path):
 
     run, report = export_report(path)
     int8 = (report.get("speed") or {}).get("int8_file", "model.int8.onnx")
-    return tuple(os.path.join(run, "export", name) for name in ("model.fp32.onnx", int8))
+    pair = tuple(os.path.join(run, "export", name) for name in ("model.fp32.onnx", int8))
+    _warn_if_unverified(run, *pair)
+    return pair
 
 
 def _compare(paths, batches, threads, rounds, warmup, runtime):

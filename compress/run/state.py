@@ -114,9 +114,10 @@ def decide(run, cfg, spec, force, stages, world):
         if problem:
             return StageState(action="fresh", reason=f"{problem}; starting over", **base)
         last = _last_run(entry)
-        if last:
-            return StageState(action="fresh", reason=f"{last} before its first checkpoint; starting over",
-                              announce=f"running again: {last} before its first checkpoint", **base)
+        if last:  # a stage that trains writes checkpoints; export and an untrained teacher (epochs 0) write none
+            last += " before its first checkpoint" if epochs else ""
+            return StageState(action="fresh", reason=f"{last}; starting over", announce=f"running again: {last}",
+                              **base)
         return StageState(action="fresh", reason="not run yet", announce="running", **base)
     made_with = main.extra["_made_with"]
     if made_with != {"config_hash": base["config_hash"], "inputs": inputs}:
