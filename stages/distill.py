@@ -308,8 +308,15 @@ def _train_baseline(ctx, data, labelled, val, precision):
 
 
 def epoch_passing(history, accuracy):
-    """The first epoch (1-based) whose validation accuracy reaches `accuracy`, or None."""
-    return next((h["epoch"] for h in history if h["val_acc"] >= accuracy), None)
+    """The epoch (1-based) from which the validation accuracy stays at or above `accuracy` to the end, or None:
+    not the first crossing, which a noisy epoch can make early."""
+    passing = None
+    for h in history:
+        if h["val_acc"] < accuracy:
+            passing = None
+        elif passing is None:
+            passing = h["epoch"]
+    return passing
 
 
 def _result(cfg, history, baseline, teacher_acc, student, teacher, replicas, precision, teacher_outputs, labelled,
@@ -327,8 +334,8 @@ def _result(cfg, history, baseline, teacher_acc, student, teacher, replicas, pre
     outputs = [OUTPUTS["model"], OUTPUTS["metrics"]]
     if baseline:
         alone = baseline[-1]["val_acc"]
-        # the gain in training time: where in its schedule the distilled student was already as good as the student
-        # alone at the end of the same schedule (what a shorter schedule would have bought, read from this run)
+        # the gain in training time, read from this run: from which epoch of the same schedule on the distilled
+        # student stayed as good as the student alone ended
         metrics.update(baseline_val_acc=alone, gain_points=round(final["val_acc"] - alone, 4),
                        epoch_passing_alone=epoch_passing(history, alone))
         summary += f"; trained alone {alone:.2f}% ({metrics['gain_points']:+.2f} points from distilling)"
@@ -365,11 +372,11 @@ def report_notes(entry):
 
 
 def _time_gain(m):
-    """When the distilled student first reached the student alone's final accuracy, as a share of the schedule."""
+    """From which epoch on the distilled student stayed at or above the student alone's final accuracy."""
     epoch, epochs = m.get("epoch_passing_alone"), m.get("epochs")
     if not epoch or not epochs or m["gain_points"] <= 0:
         return ""
     if epoch == epochs:
         return " It reached the student alone's final accuracy only at its last epoch."
-    return (f" It first reached the student alone's final accuracy at epoch {epoch} of {epochs} "
-            f"({epoch / epochs:.0%} of the way through the same learning-rate schedule).")
+    return (f" From epoch {epoch} of {epochs} on ({epoch / epochs:.0%} of the way through the same learning-rate "
+            f"schedule) it stayed at or above the student alone's final accuracy.")
