@@ -241,7 +241,9 @@ def _summary(report):
     return (f"fp32 ONNX {report['fp32']['onnx_acc']:.2f}% {report['size_bytes']['fp32'] / 1e3:.0f} KB, "
             f"int8 ONNX {report['int8']['onnx_acc']:.2f}% {report['size_bytes']['int8'] / 1e3:.0f} KB"
             + (f", PTQ int8 {report['ptq']['onnx_acc']:.2f}%" if "ptq" in report else "")
-            + f"; {s['runtime']}, batch {s['batch']}, {s['threads']} threads: int8 {s['int8_ms']:.2f} ms vs fp32 "
+            + f"; {s['runtime']}, batch {s['batch']}, {s['threads']} threads: int8"
+            + (f" ({s['int8_file']})" if s.get("int8_file", "model.int8.onnx") != "model.int8.onnx" else "")
+            + f" {s['int8_ms']:.2f} ms vs fp32 "
             f"{s['fp32_ms']:.2f} ms ({speedup_text(s['speedup'])}) - deploy {v['file']}")
 
 
@@ -295,8 +297,11 @@ def _beyond_noise(m):
         return (told + ": post-training quantization is more accurate beyond noise here, so model.ptq.onnx is the "
                 "int8 file the verdict weighed against fp32, not the QAT file (a lower qat.lr may let QAT keep its "
                 "accuracy)")
-    return (told + ": post-training quantization is more accurate beyond noise here; model.ptq.onnx is the int8 "
-            "file to try first (its latency is in the table), or lower qat.lr")
+    if "int8_weighed" not in m:  # an export from before the verdict could weigh the PTQ file
+        return (told + ": post-training quantization is more accurate beyond noise here; model.ptq.onnx is the "
+                "int8 file to try first (its latency is in the table), or lower qat.lr")
+    return (told + ": post-training quantization is more accurate beyond noise here, but onnxruntime runs no int8 "
+            "kernel in model.ptq.onnx, so the verdict kept the QAT file; a lower qat.lr may let QAT keep its accuracy")
 
 
 def _latency_pair(cells):

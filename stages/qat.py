@@ -131,9 +131,9 @@ def _budget_message(ctx, m, q, classes):
     """The accuracy-budget failure, with the keys that change the outcome and values to try."""
     allow = math.ceil(m["accuracy_drop"] + 0.5)
     advice = (f"accept the loss with --set qat.max_accuracy_drop={allow} (export then measures onnxruntime's "
-              f"post-training quantization beside it, with export.ptq on as by default, and deploys that file if it "
-              f"is more accurate beyond noise), or let QAT recover it: more epochs (--set qat.epochs={2 * q.epochs}) "
-              f"or a gentler learning rate (--set qat.lr={q.lr / 2:g})")
+              f"post-training quantization beside it, with export.ptq on as by default, and weighs that file against "
+              f"fp32 instead if it is more accurate beyond noise), or let QAT recover it: more epochs (--set "
+              f"qat.epochs={2 * q.epochs}) or a gentler learning rate (--set qat.lr={q.lr / 2:g})")
     chance = 100.0 / classes
     if m["float_acc"] < 2 * chance:
         advice += (f"; the float model itself is at {m['float_acc']:.2f}% (chance: {chance:.1f}%): train the teacher "
@@ -177,7 +177,7 @@ def choose_float_layers(ctx, float_model, data):
                       for t in figures["tried"])
     slower = figures["chosen_ms"] > figures["fp32_ms"] and not layers
     log.info("qat: with every layer int8 the student is %s in onnxruntime; kept float: %s (%s)%s; a choice made "
-             "from timings, which a busy machine can change: --set qat.float_layers=[%s] fixes it", _ratio(
+             "from timings, which a busy machine can change: --set 'qat.float_layers=[%s]' fixes it", _ratio(
                  figures["fp32_ms"], figures["all_int8_ms"]), ", ".join(layers) or "none", tried,
              "; no group of layers kept in float paid 5%, and int8 stays slower than fp32: export will measure the "
              "files again and recommend fp32 if it still is" if slower else "", ",".join(layers))

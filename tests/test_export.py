@@ -357,6 +357,14 @@ def test_the_int8_file_weighed_is_ptq_only_when_it_is_more_accurate_than_qat_bey
     assert int8_choice(report(161, 2, 2e-45)) == "int8"  # QAT better beyond noise
     assert int8_choice(report(2, 161, 2e-45, kernels=())) == "int8"  # a PTQ file that runs no int8 kernel
     assert int8_choice({}) == "int8"  # export.ptq false: no PTQ file
+    from stages.export import _beyond_noise
+
+    m = {"qat_only_right": 2, "ptq_only_right": 161, "qat_vs_ptq_p": 2e-45, "val_images": 500}
+    assert "so model.ptq.onnx is the int8 file the verdict weighed" in _beyond_noise({**m, "int8_weighed":
+                                                                                       "model.ptq.onnx"})
+    assert "runs no int8 kernel in model.ptq.onnx, so the verdict kept the QAT file" in _beyond_noise(
+        {**m, "int8_weighed": "model.int8.onnx"})
+    assert "model.ptq.onnx is the int8 file to try first" in _beyond_noise(m)  # an export from before
 
 
 def test_when_qat_cost_accuracy_the_verdict_deploys_the_post_training_quantized_file(run_copy, tiny_config):
@@ -370,6 +378,7 @@ def test_when_qat_cost_accuracy_the_verdict_deploys_the_post_training_quantized_
     pair = export["ptq"]["vs_qat"]
     assert pair["p"] < 0.05 and pair["only_second"] > pair["only_first"], pair  # the setup: QAT lost, beyond noise
     assert export["speed"]["int8_file"] == "model.ptq.onnx"
+    assert "threads: int8 (model.ptq.onnx) " in result.stderr  # the stage's summary line names the file timed
     verdict = export["verdict"]
     assert verdict["file"] == "model.ptq.onnx", verdict  # min_int8_speedup 0 in the tiny config: int8 wins on speed
     assert verdict["why"].startswith(f"the int8 file is the post-training quantized one: it gets {pair['only_second']} "

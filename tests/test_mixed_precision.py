@@ -138,8 +138,8 @@ def test_the_qat_stage_says_how_to_fix_its_timed_choice_and_the_setting_it_names
     timed = invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.float_layers=null")
     assert timed.exit_code == 0, timed.output
     log = (run_copy / "log.txt").read_text()
-    setting = re.findall(r"a choice made from timings, which a busy machine can change: --set (qat\.float_layers="
-                         r"\[[^\]]*\]) fixes it", log)[-1]
+    setting = re.findall(r"a choice made from timings, which a busy machine can change: --set '(qat\.float_layers="
+                         r"\[[^\]]*\])' fixes it", log)[-1]
     chosen = json.loads((run_copy / "manifest.json").read_text())["stages"]["qat"]["metrics"]["float_layers"]
     fixed = invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", setting)
     assert fixed.exit_code == 0, fixed.output

@@ -107,7 +107,7 @@ def _fmt_size(value):
 LATENCY_CAPTION = ("Latency: median ms per batch on the most threads measured; in onnxruntime the ONNX files take "
                    "turns, round by round, so a busy machine slows them alike (the teacher is timed on its own). "
                    "The deploy verdict below times fp32 and the int8 file it weighs once more and takes each one's "
-                   "fastest round, so its figures can differ a little from the table's medians.")
+                   "fastest run, so its figures can differ a little from the table's medians.")
 
 
 def write_report(run, stages):
