@@ -211,3 +211,29 @@ def test_a_teacher_whose_outputs_are_not_finite_is_named_and_nothing_is_stored(t
     with pytest.raises(StageFailed, match=r"for 1 training image\(s\) in fp16, the precision this run computes it in: "
                                           r"its outputs overflow fp16's range - set train.precision to fp32"):
         store.build(broken, train, DistEnv(), 256, lambda x: x, store.prepare(DistEnv()))
+
+
+def test_non_finite_outputs_in_a_later_chunk_leave_the_store_unfinished_and_a_good_teacher_resumes_it(tmp_path,
+                                                                                                    digits):
+    data, teacher = digits
+    calls = []
+
+    def breaks_later(x):
+        calls.append(1)
+        out = teacher(x)
+        if len(calls) == 3:  # the third chunk (one batch per chunk of 100 rows)
+            out["logits"][0, 0] = float("inf")
+        return out
+
+    train = data.train.with_augment(views=1, view_seed=1)
+    folder = tmp_path / "store"
+    store = TeacherOutputStore(str(folder), spec(data_fingerprint=train.fingerprint(), views=1))
+    with pytest.raises(StageFailed, match="the store is left unfinished"):
+        store.build(breaks_later, train, DistEnv(), 128, lambda x: x, store.prepare(DistEnv()))
+    assert sorted(read_chunks(folder)) == ["chunk-000000.safetensors", "chunk-000001.safetensors"]
+    assert not (folder / "store.json").exists()
+    store = TeacherOutputStore(str(folder), spec(data_fingerprint=train.fingerprint(), views=1))
+    plan = store.prepare(DistEnv())
+    assert plan["status"] == "resume" and plan["missing"] == [2]  # the finite chunks are kept and reused
+    store.build(teacher, train, DistEnv(), 128, lambda x: x, plan)
+    assert (folder / "store.json").exists()
