@@ -37,18 +37,16 @@ def _warn_if_unverified(run_dir, *files):
     failed its checks, or the file was changed after export wrote it. Only warnings: a folder without a readable
     manifest still serves its files, as it did before."""
     from compress.errors import CompressError
-    from compress.fileio import sha256_file
     from compress.run.rundir import RunDir
-    from compress.run.state import stage_states
+    from compress.run.state import files_changed, stage_states
     from stages import ORDER
 
     run = RunDir(run_dir)
     try:
         state, detail = stage_states(run, ORDER)["export"]
         recorded = (run.manifest()["stages"].get("export") or {}).get("outputs", {})
-        rels = [os.path.relpath(f, run_dir).replace(os.sep, "/") for f in files]
-        changed = [rel for rel, f in zip(rels, files)
-                   if rel in recorded and os.path.isfile(f) and sha256_file(f) != recorded[rel]]
+        changed = files_changed(run, recorded, [os.path.relpath(f, run_dir).replace(os.sep, "/") for f in files
+                                                if os.path.isfile(f)])  # a missing one: its own error follows
     except CompressError:
         return
     fix = f"`compress run --run-dir {run_dir}` brings the run up to date (it skips what already is)"

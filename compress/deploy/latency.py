@@ -13,25 +13,14 @@ __all__ = ["compare_latency", "latency_table", "latency_tables", "median_ms", "s
 def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime="onnxruntime"):
     """[{batch, threads, ms, images_per_s}] for each batch size x thread count in `runtime`; `stop()` is called
     between cells (it raises to abandon the measurement)."""
-    threads = list(threads or (1, usable_cpus()))
     if runtime == "openvino":  # in a child process of its own (compress.deploy.openvino_child)
         from compress.deploy.openvino_child import request
 
         if stop:
             stop()
-        return request({"do": "table", "path": str(path), "batch_sizes": list(batch_sizes), "threads": threads,
-                        "repeats": repeats, "warmup": warmup})
-    rows = []
-    shape = OnnxModel(path, require_metadata=False).input_shape
-    for t in threads:
-        model = OnnxModel(path, threads=t, require_metadata=False)
-        for b in batch_sizes:
-            if stop:
-                stop()
-            ms = median_ms(model, np.random.default_rng(0).standard_normal((b, *shape), dtype=np.float32), repeats,
-                           warmup)
-            rows.append({"batch": b, "threads": t, "ms": round(ms, 4), "images_per_s": round(b * 1000.0 / ms, 1)})
-    return rows
+        return request({"do": "table", "path": str(path), "batch_sizes": list(batch_sizes),
+                        "threads": list(threads or (1, usable_cpus())), "repeats": repeats, "warmup": warmup})
+    return latency_tables({"file": path}, batch_sizes, threads, repeats, warmup, stop)["file"]
 
 
 def latency_tables(paths, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime="onnxruntime"):
@@ -39,7 +28,7 @@ def latency_tables(paths, batch_sizes=(1, 64), threads=None, repeats=30, warmup=
     cell (interleaved rounds), so a busy machine slows them alike and the table's ratios hold (timed one after
     the other, the same PTQ and QAT files read 2.09 and 4.99 ms on a loaded machine); OpenVINO times each file
     in a child process of its own, one after the other."""
-    if runtime != "onnxruntime" or len(paths) < 2:
+    if runtime != "onnxruntime":
         return {k: latency_table(p, batch_sizes, threads, repeats, warmup, stop, runtime) for k, p in paths.items()}
     threads = list(threads or (1, usable_cpus()))
     shape = OnnxModel(next(iter(paths.values())), require_metadata=False).input_shape
@@ -50,7 +39,9 @@ def latency_tables(paths, batch_sizes=(1, 64), threads=None, repeats=30, warmup=
             if stop:
                 stop()
             x = np.random.default_rng(0).standard_normal((b, *shape), dtype=np.float32)
-            for k, ms in interleaved_medians(models, x, repeats, warmup).items():
+            cell = ({k: median_ms(m, x, repeats, warmup) for k, m in models.items()} if len(models) == 1 else
+                    interleaved_medians(models, x, repeats, warmup))
+            for k, ms in cell.items():
                 tables[k].append({"batch": b, "threads": t, "ms": round(ms, 4),
                                   "images_per_s": round(b * 1000.0 / ms, 1)})
     return tables

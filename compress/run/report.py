@@ -24,7 +24,7 @@ def file_size(path):
 
 def build_rows(run, stages):
     """(rows, notes) for the stages in `stages` (name -> stage module), from the manifest and their files."""
-    from compress.run.state import stage_states
+    from compress.run.state import files_changed, stage_states
 
     manifest = run.manifest()
     states = stage_states(run, stages, manifest)
@@ -42,7 +42,7 @@ def build_rows(run, stages):
             notes.append(f"{name}: no rows - its files are damaged ({e.__class__.__name__}: {str(e)[:120]}); "
                          f"rerun it with --stages {name} --force")
             continue
-        changed = _changed_files(run, entry, produced)
+        changed = files_changed(run, entry.get("outputs", {}), [r["file"] for r in produced if r.get("file")])
         if state != "complete":
             notes.append(f"{name} is stale ({detail}): its rows are marked; `compress run` brings it up to date")
         elif changed:
@@ -58,19 +58,6 @@ def build_rows(run, stages):
             rows[row["id"]] = {**dict.fromkeys(COLUMNS), **row, "stage": name,
                                "current": state == "complete" and row.get("file") not in changed}
     return [r for r in rows.values() if "artifact" in r and r["artifact"]], notes
-
-
-def _changed_files(run, entry, rows):
-    """The files the rows name that differ from what their stage recorded (changed or removed by hand)."""
-    from compress.fileio import sha256_file
-
-    recorded = entry.get("outputs", {})
-    changed = []
-    for rel in dict.fromkeys(r.get("file") for r in rows if r.get("file") in recorded):
-        path = run.path(rel)
-        if not os.path.isfile(path) or sha256_file(path) != recorded[rel]:
-            changed.append(rel)
-    return changed
 
 
 def _still_current(rel, entry, manifest, states):

@@ -167,9 +167,8 @@ def _resume_reason(entry, point, epochs):
         where += (f" (the checkpoint was written mid-epoch by {point.extra['redo_epoch_from_world']} processes: "
                   "redoing that epoch)")
     if entry and entry.get("status") == "failed":
-        return (f"the last run failed ({(entry.get('message') or '').split(';')[0]}); continuing from its "
-                f"checkpoint {where} with the same config - change the setting the message names to get another "
-                "result")
+        return (f"{_last_run(entry)}; continuing from its checkpoint {where} with the same config - change the "
+                "setting the message names to get another result")
     return f"resuming the interrupted run {where}"
 
 
@@ -196,7 +195,14 @@ def _inputs(run, cfg, spec, entries, states, stages):
 
 def _modified_inputs(run, inputs):
     """The run-directory inputs whose bytes are no longer what their stage recorded (replaced or damaged since)."""
-    return [rel for rel, sha in inputs.items() if not rel.startswith(EXTERNAL) and sha256_file(run.path(rel)) != sha]
+    return files_changed(run, inputs, [rel for rel in inputs if not rel.startswith(EXTERNAL)])
+
+
+def files_changed(run, recorded, rels):
+    """Those of `rels` (run-relative) that `recorded` ({path: sha256}) holds and whose file is gone or no longer
+    has the recorded bytes: a file replaced, damaged or removed by hand since its stage wrote it."""
+    return [rel for rel in dict.fromkeys(rels) if rel in recorded and (
+        not os.path.isfile(run.path(rel)) or sha256_file(run.path(rel)) != recorded[rel])]
 
 
 def missing_upstream(run, cfg, stage_names, stages):
