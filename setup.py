@@ -30,7 +30,7 @@ setup(
         "matplotlib>=3.7",  # report.png
     ],
     extras_require={
-        "test": ["pytest>=7.0", "pytest-xdist>=3.0", "tensorboard>=2.10", "openvino>=2024.0"],  # optional paths too
+        "test": ["pytest>=7.3", "pytest-xdist>=3.0", "tensorboard>=2.10", "openvino>=2024.0"],  # optional paths too
         "openvino": ["openvino>=2024.0"],  # latency in OpenVINO beside onnxruntime (export.runtimes, bench --runtime)
         "tensorboard": ["tensorboard>=2.10"],  # per-epoch scalars of every training stage
     },
