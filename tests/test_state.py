@@ -122,6 +122,32 @@ def test_a_hand_modified_upstream_file_is_not_skipped_over(run):
     assert state.inputs[TEACHER] == sums[TEACHER]  # the recorded checksum: what the stage's load verifies
 
 
+def test_a_hand_modified_optional_input_is_left_out_once_not_rerun_every_time(run, caplog):
+    """Export reads the teacher only for the report's comparison row. Was: a teacher file modified by hand made
+    `--stages export` run again on every call (the file stayed modified). Now export runs once without it and is
+    up to date after that; once the teacher stage rewrites the file, export reads it again."""
+    c = cfg()
+    teacher = complete(run, "teacher", c, [TEACHER])
+    models = complete(run, "distill", c, [STAGES["distill"].OUTPUTS["model"]], inputs=teacher)
+    models |= complete(run, "qat", c, [STAGES["qat"].OUTPUTS["model"]], inputs=models)
+    export = decide(run, c, STAGES["export"], False, STAGES, 1)
+    assert TEACHER in export.inputs
+    complete(run, "export", c, ["export/export.json"], inputs=export.inputs)
+    assert decide(run, c, STAGES["export"], False, STAGES, 1).action == "skip"
+    write(run, TEACHER, b"someone else's teacher")
+    with caplog.at_level(logging.WARNING):
+        state = decide(run, c, STAGES["export"], False, STAGES, 1)
+    assert (state.action, state.reason) == (
+        "fresh", f"its optional input {TEACHER} is gone or was modified since it last ran")
+    assert TEACHER not in state.inputs and "teacher:model" not in state.sources
+    assert f"export: leaving out {TEACHER} (optional): it was modified after the teacher stage wrote it" in caplog.text
+    complete(run, "export", c, ["export/export.json"], inputs=state.inputs)  # ran without it
+    assert decide(run, c, STAGES["export"], False, STAGES, 1).action == "skip"
+    run.update_stage("teacher", outputs={TEACHER: sha256_file(run.path(TEACHER))})  # the teacher stage rewrote it
+    state = decide(run, c, STAGES["export"], False, STAGES, 1)
+    assert (state.action, state.reason) == ("fresh", f"its input {TEACHER} changed")
+
+
 def test_a_checkpoint_written_before_an_input_changed_names_the_input(run):
     sums = complete(run, "teacher", cfg(), [TEACHER])
     run.update_stage("distill", status="interrupted")

@@ -183,6 +183,10 @@ def _inputs(run, cfg, spec, entries, states, stages):
         entry = entries.get(item.stage) or {}
         if not item.required and not (present and states[item.stage][0] == "complete"):
             continue
+        if not item.required and files_changed(run, entry["outputs"], [rel]):  # else it reruns every time
+            log.warning("%s: leaving out %s (optional): it was modified after the %s stage wrote it; rerun that "
+                        "stage with --force to use it again", spec.NAME, rel, item.stage)
+            continue
         if not present:
             raise InputError(_missing_message(run, entries, item, rel))
         if states[item.stage][0] != "complete":
@@ -259,6 +263,9 @@ def _changes(run, entry, decision):
     for rel, sha in decision["inputs"].items():
         if entry.get("inputs", {}).get(rel) != sha:
             return f"its input {rel.removeprefix(EXTERNAL)} changed"
+    for rel in entry.get("inputs", {}):  # an optional input it used is gone or unusable now
+        if rel not in decision["inputs"]:
+            return f"its optional input {rel.removeprefix(EXTERNAL)} is gone or was modified since it last ran"
     for rel, sha in entry.get("outputs", {}).items():
         path = run.path(rel)
         if not os.path.isfile(path) or os.path.islink(path):
