@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import compress_subprocess, invoke
+from conftest import compress_subprocess, file_bytes, invoke
 
 
 def image_tree(root, splits=("train", "val"), classes=("cat", "dog"), count=4):
@@ -62,6 +62,37 @@ def test_the_data_summary_comes_before_the_first_stage(tmp_path):
     assert "train/ and val/ folders, used as given" in lines[summary]
     assert "2 classes (cat, dog); 8 training / 8 validation images" in lines[summary + 1]
     assert "images 3x8x8" in lines[summary + 2]
+
+
+def test_changed_images_run_the_stages_again_and_a_teacher_of_other_classes_is_refused(tmp_path):
+    """Was: images added or a class folder renamed, and every stage said "up to date, skipped"; a distill rerun
+    then distilled from a teacher whose class indices meant other classes (or failed with a bare size mismatch)."""
+    image_tree(tmp_path / "img")
+    args = ["run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder", "--set",
+            f"data.root={tmp_path / 'img'}", "--set", "data.image_size=8", "--set", "teacher.epochs=1", "--set",
+            "model.teacher=compact_cnn", "--set", "model.student=compact_cnn", "--set", "distill.epochs=1",
+            "--set", "distill.baseline=false"]
+    first = invoke(*args, "--stages", "teacher,distill")
+    assert first.exit_code == 0, first.output
+    assert "teacher: up to date, skipped" in invoke(*args, "--stages", "teacher").stderr
+    image_tree(tmp_path / "more", classes=("dog",), count=2)  # two more dog images, under new names
+    for i, path in enumerate(sorted((tmp_path / "more" / "train" / "dog").iterdir())):
+        shutil.copy(path, tmp_path / "img" / "train" / "dog" / f"new{i}.png")
+    again = invoke(*args, "--stages", "teacher")
+    assert again.exit_code == 0, again.output
+    assert ("teacher: running again: the images in data.root changed (images added, removed, renamed, moved or "
+            "replaced)") in again.stderr
+    assert "teacher: up to date, skipped" in invoke(*args, "--stages", "teacher").stderr
+    for split in ("train", "val"):
+        os.rename(tmp_path / "img" / split / "cat", tmp_path / "img" / split / "bird")  # class 0 is now 'bird'
+    before = file_bytes(tmp_path / "run")
+    refused = invoke(*args, "--stages", "distill")
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    assert (f"'{tmp_path / 'run' / 'teacher' / 'model.safetensors'}' was trained on 2 classes (cat, dog), but the "
+            "data now has 2 classes (bird, dog); run the teacher stage again on these images (add teacher to "
+            "--stages)") in refused.stderr
+    assert {k: v for k, v in file_bytes(tmp_path / "run").items() if not k.endswith(("log.txt", "manifest.json"))} \
+        == {k: v for k, v in before.items() if not k.endswith(("log.txt", "manifest.json"))}
 
 
 def test_a_train_folder_without_val_is_split_not_taken_for_a_class(tmp_path):

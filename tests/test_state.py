@@ -148,6 +148,27 @@ def test_a_hand_modified_optional_input_is_left_out_once_not_rerun_every_time(ru
     assert (state.action, state.reason) == ("fresh", f"its input {TEACHER} changed")
 
 
+def test_the_images_are_an_input_and_a_stage_recorded_without_them_is_not_rerun_for_it(run, tmp_path):
+    """Image folders: what data.root lists is an input (test_first_hour runs it through the CLI). A stage that an
+    older version recorded without that input stays up to date: upgrading must not retrain a finished teacher."""
+    from PIL import Image
+
+    for cls in ("cat", "dog"):
+        (tmp_path / "img" / cls).mkdir(parents=True)
+        for i in range(5):
+            Image.new("RGB", (4, 4), (i, 0, 0)).save(tmp_path / "img" / cls / f"{i}.png")
+    c = cfg("data.name=imagefolder", f"data.root={tmp_path / 'img'}")
+    state = decide(run, c, STAGES["teacher"], False, STAGES, 1)
+    assert list(state.inputs) == ["external:images in data.root"]
+    complete(run, "teacher", c, [TEACHER], inputs=state.inputs)
+    assert decide(run, c, STAGES["teacher"], False, STAGES, 1).action == "skip"
+    os.rename(tmp_path / "img" / "dog" / "4.png", tmp_path / "img" / "cat" / "9.png")  # moved to another class
+    assert decide(run, c, STAGES["teacher"], False, STAGES, 1).reason == (
+        "the images in data.root changed (images added, removed, renamed, moved or replaced)")
+    complete(run, "teacher", c, [TEACHER], inputs={})  # as a version before this one recorded it
+    assert decide(run, c, STAGES["teacher"], False, STAGES, 1).action == "skip"
+
+
 def test_a_checkpoint_written_before_an_input_changed_names_the_input(run):
     sums = complete(run, "teacher", cfg(), [TEACHER])
     run.update_stage("distill", status="interrupted")

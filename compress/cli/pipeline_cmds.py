@@ -158,8 +158,7 @@ def stages_cmd(run_dir):
     states = stage_states(run, STAGES) if run else None
     for name in STAGE_ORDER:
         spec = STAGES[name]
-        reads = ", ".join(STAGES[i.stage].OUTPUTS[i.output] + ("" if i.required else " (optional)")
-                          for i in spec.inputs(cfg)) or "the dataset"
+        reads = ", ".join(_reads(i, STAGES) for i in spec.inputs(cfg)) or "the dataset"
         writes = ", ".join(spec.OUTPUTS.values())
         line = f"{name:8} {spec.SUMMARY}\n         reads:  {reads}\n         writes: {writes}"
         if run:
@@ -227,3 +226,14 @@ def models_cmd():
     click.echo(f"  {'<module>:<function>':26} your own code: called with the keyword arguments it names of "
                "num_classes, in_channels, image_size; returns an nn.Module")
     click.echo("datasets: " + ", ".join(DATASETS))
+
+
+def _reads(item, stages):
+    """What one declared input of a stage is, in words for `compress stages`."""
+    from compress.run.contract import Images, Input
+
+    if isinstance(item, Input):
+        return stages[item.stage].OUTPUTS[item.output] + ("" if item.required else " (optional)")
+    if isinstance(item, Images):
+        return f"the images in data.{item.key}"
+    return f"{item.key} ({item.path})"

@@ -1,6 +1,7 @@
 """Users' own images: an image-folder tree (root/train/<class>/ with root/val/<class>/ or test/, or one flat
 root/<class>/ tree split by seed), and a folder of unlabelled images for distillation (nested folders allowed)."""
 
+import hashlib
 import os
 
 import torch
@@ -48,6 +49,29 @@ def scan(cfg):
         where = "train/ only (no val/ or test/ beside it)" if tree == train_dir else "one folder per class"
         layout = f"{where}: {cfg.val_fraction:.0%} held out for validation by data.split_seed"
     return {"layout": layout, "classes": names, "train": train, "val": val, "notes": notes}
+
+
+def listing_digest(cfg, key):
+    """A digest of the images data.<key> ("root" or "unlabeled") lists, decoding none: the class names and, for
+    each image, its path inside the folder, its size in bytes and its label (for data.root as `scan` splits it).
+    Images added, removed, renamed, moved between classes or replaced by a file of another size change it; the
+    same folder copied elsewhere does not. '' when data.root is not an image folder (a built-in dataset)."""
+    if key == "root" and cfg.name != "imagefolder":
+        return ""
+    h = hashlib.sha256()
+    if key == "root":
+        found = scan(cfg)
+        root = os.path.expanduser(cfg.root)
+        h.update("\0".join(found["classes"]).encode())
+        splits = (("train", found["train"]), ("val", found["val"]))
+    else:
+        root = os.path.expanduser(cfg.unlabeled)
+        splits = (("unlabeled", [(path, -1) for path in unlabeled_files(cfg)]),)
+    for split, items in splits:
+        h.update(f"\n{split}:{len(items)}".encode())
+        for path, label in items:
+            h.update(f"\n{os.path.relpath(path, root)}\0{os.path.getsize(path)}\0{label}".encode())
+    return h.hexdigest()
 
 
 def load_imagefolder(cfg, seed):

@@ -16,13 +16,20 @@ import torch
 
 from compress import __version__
 from compress.data.sampling import eval_loader, train_loader
+from compress.errors import InputError
 from compress.fileio import atomic_write_json
 from compress.models.registry import build_model
 from compress.run.config import ConfigView
 from compress.run.rundir import RunDir
 from compress.run.state import StageState, checkpoint_rel
 from compress.training import distributed as dist
-from compress.training.checkpoint import load_training_state, load_weights, save_training_state, validate_resume_state
+from compress.training.checkpoint import (
+    load_into,
+    load_training_state,
+    read_weights,
+    save_training_state,
+    validate_resume_state,
+)
 from compress.training.distributed import DistEnv
 from compress.training.loop import ResumePoint, Session, reduce_sums
 from compress.training.precision import FP32, Precision
@@ -61,8 +68,15 @@ class StageContext:
         """Build `model_name` for the data's shape and load an upstream stage's weights (on the CPU), checking
         sha256 against the manifest and the model name against the checkpoint's metadata."""
         model = build_model(model_name, data.input_shape, data.num_classes)
-        meta = load_weights(model, self.input_path(stage, "model"), expect_stage=stage, expect_model=model_name,
-                            expect_sha256=self.input_sha256(stage, "model"))
+        path = self.input_path(stage, "model")
+        tensors, meta = read_weights(path, expect_stage=stage, expect_model=model_name,
+                                     expect_sha256=self.input_sha256(stage, "model"))
+        classes = meta.get("class_names")
+        if isinstance(classes, list) and classes != list(data.class_names):  # was: a bare size mismatch, or worse
+            raise InputError(f"'{path}' was trained on {_classes(classes)}, but the data now has "
+                             f"{_classes(data.class_names)}; run the {stage} stage again on these images (add {stage} "
+                             "to --stages)")
+        load_into(model, tensors, path)
         return model, meta
 
     def weights_metadata(self, model_name, data, parent=None):
@@ -178,3 +192,9 @@ class _Board:
         if metrics["epoch"] >= self.epochs:
             self.writer.close()
             self.writer = None
+
+
+def _classes(names, most=6):
+    """'3 classes (cat, dog, ship)', the first `most` names when there are more."""
+    shown = ", ".join(names[:most]) + (f", ... {len(names) - most} more" if len(names) > most else "")
+    return f"{len(names)} classes ({shown})"

@@ -6,7 +6,7 @@
     OUTPUTS            {output name: run-relative path}: the only place its file paths are written down
     PARTS              the models it trains, each with its own resume checkpoint ("" first; distill: "baseline")
     RANK0_ONLY         whether it runs on rank 0 alone (export) or on every rank (the training stages)
-    inputs(cfg)        [Input(stage, output, required) | File(path, key)]: every file it reads
+    inputs(cfg)        [Input(stage, output, required) | File(path, key) | Images(key)]: every file it reads
     run(ctx)           -> StageResult
     report_rows(entry, path)   its rows of the run report, read from its own OUTPUTS via `path(output)`
 """
@@ -37,6 +37,18 @@ class File(NamedTuple):
     @property
     def input_key(self):
         return EXTERNAL + os.path.abspath(os.path.expanduser(self.path))
+
+
+class Images(NamedTuple):
+    """The images a data key points at ("root": the labelled images, "unlabeled": data.unlabeled's): a digest
+    of their listing (names, sizes, classes; `compress.data.imagefolder.listing_digest`) is an input of the
+    stage, so images added, removed, renamed or moved between classes run it again."""
+
+    key: str
+
+    @property
+    def input_key(self):
+        return f"{EXTERNAL}images in data.{self.key}"
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Optional
 from compress.errors import CompressError, InputError
 from compress.fileio import sha256_file
 from compress.run.config import ConfigView, config_slice, section_hash
-from compress.run.contract import EXTERNAL, File
+from compress.run.contract import EXTERNAL, File, Images
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +179,13 @@ def _inputs(run, cfg, spec, entries, states, stages):
         if isinstance(item, File):  # outside the run directory (pretrained weights)
             inputs[item.input_key] = _external_sha256(item)
             continue
+        if isinstance(item, Images):  # what data.root (or data.unlabeled) lists: images added, moved, renamed
+            from compress.data.imagefolder import listing_digest  # only here: it scans the folder
+
+            digest = listing_digest(cfg.data, item.key)
+            if digest:
+                inputs[item.input_key] = digest
+            continue
         rel, present = _upstream_output(run, entries, stages, item)
         entry = entries.get(item.stage) or {}
         if not item.required and not (present and states[item.stage][0] == "complete"):
@@ -262,6 +269,11 @@ def _changes(run, entry, decision):
         return f"config changed ({', '.join(keys[:4]) or 'config'})"
     for rel, sha in decision["inputs"].items():
         if entry.get("inputs", {}).get(rel) != sha:
+            if rel.startswith(f"{EXTERNAL}images in"):  # a stage recorded before versions listed them: not rerun
+                if rel in entry.get("inputs", {}):
+                    return (f"the {rel.removeprefix(EXTERNAL)} changed (images added, removed, renamed, moved or "
+                            "replaced)")
+                continue
             return f"its input {rel.removeprefix(EXTERNAL)} changed"
     for rel in entry.get("inputs", {}):  # an optional input it used is gone or unusable now
         if rel not in decision["inputs"]:
