@@ -110,6 +110,67 @@ def test_imagefolder_with_train_and_val_folders_uses_them_as_the_splits(tmp_path
     assert all(str(tmp_path / "val") in f for f in data.val.files)
 
 
+def test_folders_as_users_copy_them_mean_what_they_look_like(tmp_path):
+    """Was: Train/ and Val/ read as two classes "Train" and "Val"; valid/ and validation/ ignored (train/ split
+    instead); macOS's ._0.png AppleDouble files counted as images (then "cannot read image"), __MACOSX/ a class,
+    hidden .thumbnails/ read as training images; eval saw none of that, so a folder meant two things."""
+    from compress.data.imagefolder import scan
+    from compress.deploy.evaluate import labelled_tree
+
+    def found(root):
+        got = scan(data_cfg("data.name=imagefolder", f"data.root={root}"))
+        return got["classes"], len(got["train"]), len(got["val"]), got["layout"]
+
+    for train, held_out in (("Train", "Val"), ("train", "valid"), ("train", "validation"), ("TRAIN", "Test")):
+        root = tmp_path / f"{train}-{held_out}"
+        _image_tree(root, [train], count=5)
+        _image_tree(root, [held_out], count=3)
+        assert found(root) == (["cat", "dog"], 10, 6, f"{train}/ and {held_out}/ folders, used as given")
+        assert labelled_tree(str(root), ["cat", "dog"])[0] == str(root / held_out)
+    junk = tmp_path / "junk"
+    _image_tree(junk, [""], count=5)
+    (junk / "cat" / "._0.png").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X")
+    (junk / "cat" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (junk / "cat" / ".thumbnails").mkdir()
+    shutil.copy(junk / "cat" / "0.png", junk / "cat" / ".thumbnails" / "0.png")
+    (junk / "__MACOSX" / "cat").mkdir(parents=True)
+    (junk / "__MACOSX" / "cat" / "._0.png").write_bytes(b"\x00\x05\x16\x07")
+    classes, train, val, _ = found(junk)
+    assert (classes, train + val) == (["cat", "dog"], 10)
+    assert len(labelled_tree(str(junk), ["cat", "dog"])[1]) == 10
+    data = load_data(data_cfg("data.name=imagefolder", f"data.root={junk}", "data.image_size=8"), seed=0)
+    assert len(data.train) + len(data.val) == 10
+
+
+def test_a_folder_one_level_too_high_or_a_split_among_classes_is_refused(tmp_path):
+    """Was: data.root one level above a dataset trained on "classes" that were whole datasets (cifar10-dev vs
+    cifar10-unlabeled); a val/ folder beside class folders became a class."""
+    _image_tree(tmp_path / "photos" / "mine", ["train", "val"])
+    _image_tree(tmp_path / "photos", ["other"])
+    with pytest.raises(InputError, match=r"the class folder '.*mine' holds train/ or val/ folders itself: data.root "
+                                         r"is one level too high; set data.root=.*photos/mine$"):
+        load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'photos'}"), seed=0)
+    _image_tree(tmp_path / "flat", ["", "val"])  # cat/, dog/ and val/ beside them, no train/
+    with pytest.raises(InputError, match=r"holds a 'val' folder beside its class folders; use .*/train/<class>/"):
+        load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'flat'}"), seed=0)
+
+
+def test_a_link_loop_in_a_class_folder_is_not_followed(tmp_path, caplog):
+    """Was: cat/up -> .. read every class again as "cat" (120 images became 4,920)."""
+    from compress.data.imagefolder import scan
+
+    root = tmp_path / "data"
+    _image_tree(root, [""], count=4)
+    os.symlink("..", root / "cat" / "up")
+    os.symlink(".", root / "dog" / "again")
+    (tmp_path / "extra").mkdir()
+    shutil.copy(root / "cat" / "0.png", tmp_path / "extra" / "x.png")
+    os.symlink(tmp_path / "extra", root / "dog" / "linked")  # a linked folder elsewhere is still read
+    got = scan(data_cfg("data.name=imagefolder", f"data.root={root}"))
+    assert sorted(label for _, label in got["train"] + got["val"]) == [0] * 4 + [1] * 5
+    assert "not following" in caplog.text and "cat/up: it links back to a folder already read" in caplog.text
+
+
 def test_a_class_missing_from_one_split_is_a_clear_error(tmp_path):
     _image_tree(tmp_path, ["train"], classes=("cat", "dog", "owl"))
     _image_tree(tmp_path, ["val"])

@@ -118,5 +118,3 @@ def load_cifar10(cfg, seed):
     return (ImageSet(yt, shape, TensorImages(xt), augment_of(cfg, seed, True)), ImageSet(yv, shape, TensorImages(xv)),
             names, f"CIFAR-10 train/test: {len(yt)}/{len(yv)}")
 
-
-SPLIT_FOLDERS = ("val", "test")

@@ -2,6 +2,7 @@
 root/<class>/ tree split by seed), and a folder of unlabelled images for distillation (nested folders allowed)."""
 
 import hashlib
+import logging
 import os
 
 import torch
@@ -10,9 +11,11 @@ from compress.data.builtin import _split, augment_of
 from compress.data.imageset import UNLABELLED, FileImages, ImageSet, unreadable_sentence
 from compress.data.registry import input_shape_of
 from compress.deploy import imageio
+from compress.deploy.folders import skipped, split_folders, split_name
 from compress.errors import InputError
 
-SPLIT_FOLDERS = ("val", "test")
+log = logging.getLogger(__name__)
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
 
 
@@ -22,8 +25,8 @@ def scan(cfg):
     given; root/train/ alone, split by data.split_seed; a flat root/<class>/ tree, split likewise. Every problem
     a user can make here (too few classes, an empty class, splits with other classes) is an InputError now."""
     root = os.path.expanduser(cfg.root)
-    train_dir = os.path.join(root, "train")
-    held_out = next((s for s in SPLIT_FOLDERS if os.path.isdir(os.path.join(root, s))), None)
+    train_dir, held_out = split_folders(root)
+    train_dir = train_dir or os.path.join(root, "train")
     notes = []
     if os.path.isdir(train_dir) and held_out:
         names, train = class_tree(train_dir)
@@ -32,13 +35,11 @@ def scan(cfg):
         if cfg.limit:  # a seeded sample of the training folder
             keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.split_seed))[:cfg.limit]
             train = [train[i] for i in sorted(keep.tolist())]
-        layout = f"train/ and {held_out}/ folders, used as given"
+        layout = f"{os.path.basename(train_dir)}/ and {held_out}/ folders, used as given"
     else:
         tree = train_dir if os.path.isdir(train_dir) else root
         parent = os.path.dirname(os.path.normpath(root))
-        if os.path.basename(os.path.normpath(root)) in ("train", *SPLIT_FOLDERS) and any(
-                os.path.isdir(os.path.join(parent, s)) for s in SPLIT_FOLDERS + ("train",) if s != os.path.basename(
-                    os.path.normpath(root))):
+        if split_name(os.path.basename(os.path.normpath(root))) and any(split_folders(parent)):
             notes.append(f"data.root is the {os.path.basename(os.path.normpath(root))}/ folder of {parent}, which has "
                          f"other splits beside it: only this folder is used, split by data.split_seed; point "
                          f"data.root at {parent} to use its splits as given")
@@ -46,7 +47,8 @@ def scan(cfg):
         train_idx, val_idx = _split(len(samples), cfg.val_fraction, cfg.split_seed)
         train_idx = train_idx[:cfg.limit] if cfg.limit else train_idx
         train, val = [samples[i] for i in train_idx], [samples[i] for i in val_idx]
-        where = "train/ only (no val/ or test/ beside it)" if tree == train_dir else "one folder per class"
+        where = (f"{os.path.basename(train_dir)}/ only (no val/ or test/ beside it)" if tree == train_dir
+                 else "one folder per class")
         layout = f"{where}: {cfg.val_fraction:.0%} held out for validation by data.split_seed"
     return {"layout": layout, "classes": names, "train": train, "val": val, "notes": notes}
 
@@ -94,21 +96,56 @@ def load_imagefolder(cfg, seed):
 
 def class_tree(root):
     """(class names, [(path, class index)]) of root/<class>/<image> - the order torchvision's ImageFolder uses
-    (classes sorted; files by sorted os.walk, then name) - refusing fewer than 2 classes or an empty one."""
-    names = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    (classes sorted; files by sorted os.walk, then name), hidden files and junk folders left out - refusing fewer
+    than 2 classes, an empty one, and a tree that is one level too high (a "class" holding train/ or val/)."""
+    names = sorted(e.name for e in os.scandir(root) if e.is_dir() and not skipped(e.name))
     if len(names) < 2:
         raise InputError(f"data.root: '{root}' must hold one folder per class (<class>/<image>); found {len(names)} "
                          "class folder(s)")
+    for name in names:
+        if split_name(name):
+            raise InputError(f"data.root: '{root}' holds a '{name}' folder beside its class folders; use "
+                             f"{root}/train/<class>/ with {root}/val/<class>/, or one folder per class")
+        if any(split_folders(os.path.join(root, name))):
+            inner = os.path.join(root, name)
+            raise InputError(f"data.root: the class folder '{inner}' holds train/ or val/ folders itself: data.root "
+                             f"is one level too high; set data.root={inner}")
     samples = []
     for index, name in enumerate(names):
-        files = [os.path.join(folder, f) for folder, _, fs in sorted(os.walk(os.path.join(root, name),
-                                                                              followlinks=True))
-                 for f in sorted(fs) if f.lower().endswith(IMAGE_EXTENSIONS)]
+        files = [os.path.join(folder, f) for folder, fs in _walk(os.path.join(root, name))
+                 for f in sorted(fs) if not skipped(f) and f.lower().endswith(IMAGE_EXTENSIONS)]
         if not files:
             raise InputError(f"data.root: class folder '{os.path.join(root, name)}' holds no images (.jpg, .png, "
                              "...); add images or remove the folder")
         samples.extend((f, index) for f in files)
     return names, samples
+
+
+_WARNED = set()
+
+
+def _walk(top):
+    """[(folder, file names)] under `top`, following links, sorted by folder (torchvision's order), without hidden
+    or junk folders and without a linked folder seen before or enclosing `top` (a link loop: cat/up -> ..)."""
+    found, seen = [], set()
+    top_real = os.path.realpath(top)
+    for folder, dirs, files in os.walk(top, followlinks=True):
+        seen.add(os.path.realpath(folder))
+        keep = []
+        for d in dirs:
+            real = os.path.realpath(os.path.join(folder, d))
+            if skipped(d):
+                continue
+            if real in seen or top_real == real or top_real.startswith(real + os.sep):
+                if os.path.join(folder, d) not in _WARNED:  # the tree is scanned more than once a run
+                    _WARNED.add(os.path.join(folder, d))
+                    log.warning("data.root: not following %s: it links back to a folder already read",
+                                os.path.join(folder, d))
+                continue
+            keep.append(d)
+        dirs[:] = keep
+        found.append((folder, files))
+    return sorted(found)
 
 
 def _same_classes(root, train_names, val_names, held_out):
@@ -124,9 +161,9 @@ def image_files(root):
     """Every image file under `root` (nested folders included, hidden ones skipped), sorted."""
     found = []
     for folder, dirs, files in os.walk(root, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        dirs[:] = sorted(d for d in dirs if not skipped(d))
         found.extend(os.path.join(folder, f) for f in sorted(files)
-                     if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS))
+                     if not skipped(f) and f.lower().endswith(IMAGE_EXTENSIONS))
     return found
 
 

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from compress.deploy.folders import skipped, split_folders
 from compress.errors import InputError
 from compress.fileio import read_json
 
@@ -49,9 +50,9 @@ def image_paths(arguments):
         arg = os.path.expanduser(arg)
         if os.path.isdir(arg):
             for folder, dirs, files in os.walk(arg):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                dirs[:] = sorted(d for d in dirs if not skipped(d))
                 found.extend(os.path.join(folder, f) for f in sorted(files)
-                             if f.lower().endswith(IMAGE_SUFFIXES) and not f.startswith("."))
+                             if f.lower().endswith(IMAGE_SUFFIXES) and not skipped(f))
         elif any(c in arg for c in "*?[") and not os.path.exists(arg):
             matches = sorted(glob.glob(arg, recursive=True))
             if not matches:
@@ -89,11 +90,10 @@ def labelled_tree(root, class_names):
     root = os.path.expanduser(root)
     if not os.path.isdir(root):
         raise InputError(f"'{root}' is not a folder; pass a folder of class folders (<class>/<image>)")
-    for split in ("val", "test"):
-        if os.path.isdir(os.path.join(root, split)) and os.path.isdir(os.path.join(root, "train")):
-            root = os.path.join(root, split)
-            break
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    train, held_out = split_folders(root)
+    if train and held_out:
+        root = os.path.join(root, held_out)
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not skipped(e.name))
     if not classes:
         raise InputError(f"'{root}' holds no class folders; eval needs <class>/<image> folders named like the "
                          f"model's classes ({_some(class_names, 5)})")

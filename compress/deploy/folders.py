@@ -1,0 +1,34 @@
+"""Image folders as users copy them: which folders are a dataset's splits (train/ and val/, valid/, validation/
+or test/, in any case) and which files and folders are no data (hidden ones, macOS's ._ files, __MACOSX/). Shared
+by training (`compress.data.imagefolder`) and `compress eval`/`predict`, so a folder means the same to both."""
+
+import os
+
+SPLIT_FOLDERS = ("val", "valid", "validation", "test")  # the held-out split's folder, in this order of preference
+JUNK_FOLDERS = ("__MACOSX", "@eaDir", "$RECYCLE.BIN", "System Volume Information")  # copied along, never images
+
+
+def split_name(name):
+    """The split a folder name means ('train', or the held-out split's name), in any case; None for others."""
+    lower = name.lower()
+    return lower if lower in ("train", *SPLIT_FOLDERS) else None
+
+
+def skipped(name):
+    """Folders and files a dataset copy carries that are no data: hidden ones (.DS_Store, macOS's ._photo.jpg
+    AppleDouble files, .thumbnails/), and the junk folders of archivers and NAS boxes (__MACOSX/, @eaDir/)."""
+    return name.startswith(".") or name in JUNK_FOLDERS
+
+
+def split_folders(root):
+    """(train folder, held-out folder name) that `root` holds, either None: train/ and val/, valid/, validation/
+    or test/ (the first of these there is), matched in any case (Train/, Val/)."""
+    if not os.path.isdir(root):
+        return None, None
+    found = {}
+    for e in sorted(os.scandir(root), key=lambda e: e.name):
+        split = split_name(e.name)
+        if split and e.is_dir():
+            found.setdefault(split, e.name)
+    held_out = next((found[s] for s in SPLIT_FOLDERS if s in found), None)
+    return (os.path.join(root, found["train"]) if "train" in found else None), held_out
