@@ -91,8 +91,9 @@ class TensorImages:
 
 
 class FileImages:
-    """One image file per sample: decoded per batch, or once into memory when they fit `cache_bytes`. With
-    `keep_original` (random_resized_crop crops from the full image) the decoded image keeps its own size."""
+    """One image file per sample: decoded per batch, or once into memory as far as they fit `cache_bytes` (the
+    rest decoded per batch). With `keep_original` (random_resized_crop crops from the full image) the decoded
+    image keeps its own size, so images differ in bytes and the budget counts each one's."""
 
     def __init__(self, files, image_shape, rule, keep_original=False, cache_bytes=0):
         self.files, self.image_shape, self.rule, self.keep_original = list(files), tuple(image_shape), rule, \
@@ -105,7 +106,8 @@ class FileImages:
         return len(self.files)
 
     def source(self, i):
-        return self.cache[i] if self.cache is not None else self._decode(i)
+        """Image i, decoded: from the cache (the first len(self.cache) images, when they fit), or now."""
+        return self.cache[i] if self.cache is not None and i < len(self.cache) else self._decode(i)
 
     def fitted(self, indices):
         return torch.stack([self._fit(self.source(int(i))) for i in indices])
@@ -140,19 +142,31 @@ class FileImages:
         return _to_tensor(imageio.resize_and_crop(pil, self.rule), self.image_shape[0])
 
     def _fill_cache(self, budget):
-        decoded, bad = [], []
+        """Decode the images into memory in order while their bytes add up to at most `budget`: all of them
+        (every file checked, so one run names every unreadable one), the first few, or - when the first image
+        times their number already passes it - none. Those not cached are decoded every batch."""
+        decoded, bad, used = [], [], 0
         for i, path in enumerate(self.files):
             try:
                 image = self._decode(i)
             except InputError as e:  # keep going: one run names every file to fix, not one file a run
                 bad.append((path, str(e)))
                 continue
-            if not decoded and image.numel() * len(self.files) > budget:
+            size = image.numel() * image.element_size()
+            if not decoded and size * len(self.files) > budget:
                 _raise_unreadable(bad, len(self.files))
                 log.info("data: %d images (~%d MB decoded) exceed data.cache_mb; decoding them every batch",
-                         len(self.files), image.numel() * len(self.files) // 2**20)
+                         len(self.files), size * len(self.files) // 2**20)
+                return
+            if used + size > budget:  # the images differ in size (keep_original): the first one misjudged them
+                _raise_unreadable(bad, len(self.files))
+                log.info("data: the first %d of %d images (%.1f MB decoded) fill data.cache_mb (%.1f MB); decoding "
+                         "the other %d every batch", len(decoded), len(self.files), used / 2**20, budget / 2**20,
+                         len(self.files) - len(decoded))
+                self.cache = decoded
                 return
             decoded.append(image)
+            used += size
         _raise_unreadable(bad, len(self.files))
         self.cache = decoded
 

@@ -1,7 +1,11 @@
 """Weights files the user brings (`model.teacher_weights` / `model.student_weights`): `.safetensors`, or a
 PyTorch state dict (`.pth`/`.pt`/`.bin`, read with `torch.load(weights_only=True)`: tensors only, never pickled
-code). `module.` (DDP) and `_orig_mod.` (torch.compile) prefixes are stripped; a classifier head of another
-size is replaced (one log line says so); any other mismatch is an error naming the keys.
+code), alone or inside a checkpoint (under 'state_dict', 'model', ... or the one top-level entry that is a state
+dict). `module.` (DDP) and `_orig_mod.` (torch.compile) prefixes are stripped, and so is one leading `<word>.`
+(Lightning's `model.`, `net.`, ...) when without it the keys fit the model; a classifier head of another size,
+or none at all (backbone-only weights), gets a new head trained from scratch (the note returned says so); a
+first convolution made for another number of image channels is named as such; any other mismatch is an error
+naming the keys.
 """
 
 import os
@@ -42,15 +46,14 @@ def read_state_dict(path, key):
             raise InputError(f"{key}: '{path}' is not a readable safetensors file ({str(e)[:120]})") from None
     else:
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # UnpicklingError for pickled code; RuntimeError/EOFError for damaged files
             first = _load_failure(e)
             raise InputError(f"{key}: '{path}' is not a plain state dict that torch.load(weights_only=True) can read "
                              f"({first}); save `model.state_dict()` (or convert it to .safetensors)") from None
-        state = _unwrap_checkpoint(state)
+        state = _unwrap_checkpoint(loaded)
         if state is None:
-            raise InputError(f"{key}: '{path}' holds no state dict (a mapping of parameter names to tensors); save "
-                             "`model.state_dict()`")
+            raise InputError(_no_state_dict(loaded, path, key))
     return {_strip(k): v for k, v in state.items()}
 
 
@@ -68,22 +71,81 @@ def _load_failure(e):
     return "not a file torch.save wrote, or a damaged one"
 
 
-def _unwrap_checkpoint(obj):
-    if isinstance(obj, dict) and obj and all(isinstance(k, str) and torch.is_tensor(v) for k, v in obj.items()):
+def _is_state_dict(obj):
+    return isinstance(obj, dict) and bool(obj) and all(isinstance(k, str) and torch.is_tensor(v)
+                                                       for k, v in obj.items())
+
+
+def _unwrap_known(obj):
+    """The state dict `obj` is, or holds under one of STATE_DICT_KEYS (at any depth), or None."""
+    if _is_state_dict(obj):
         return obj
     if isinstance(obj, dict):
         for key in STATE_DICT_KEYS:
             if key in obj:
-                found = _unwrap_checkpoint(obj[key])
+                found = _unwrap_known(obj[key])
                 if found is not None:
                     return found
     return None
+
+
+def _unwrap_checkpoint(obj):
+    """The state dict in a loaded file: the file itself, the one under a known wrapper key, or else the single
+    top-level entry that is one (`{'net': state_dict, 'epoch': 3}`); None when there is none, or several."""
+    found = _unwrap_known(obj)
+    if found is not None or not isinstance(obj, dict):
+        return found
+    candidates = [found for found in map(_unwrap_known, obj.values()) if found is not None]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _no_state_dict(obj, path, key):
+    """The error for a file with no state dict to take: several candidates named, or its top-level keys."""
+    several = [repr(k) for k, v in obj.items() if _unwrap_known(v) is not None] if isinstance(obj, dict) else []
+    if len(several) > 1:
+        shown = ", ".join(several[:5]) + (f" (+{len(several) - 5} more)" if len(several) > 5 else "")
+        return (f"{key}: '{path}' holds {len(several)} state dicts (under {shown}), so which one to load is "
+                f"unclear; save the one meant alone, e.g. torch.save(checkpoint[{several[0]}], 'weights.pth')")
+    if isinstance(obj, dict) and obj:
+        keys = [repr(k) for k in obj]
+        held = f"its top-level keys are {', '.join(keys[:8])}" + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
+    else:
+        held = "it is an empty dict" if isinstance(obj, dict) else f"it holds a {type(obj).__name__}"
+    return (f"{key}: '{path}' holds no state dict (a mapping of parameter names to tensors; {held}); save "
+            "`model.state_dict()`")
 
 
 def _strip(key):
     while key.startswith(("module.", "_orig_mod.")):
         key = key.split(".", 1)[1]
     return key
+
+
+def _first_word(keys):
+    """The '<word>.' every key starts with, or None."""
+    words = {k.split(".", 1)[0] + "." if "." in k else None for k in keys}
+    return words.pop() if len(words) == 1 and None not in words else None
+
+
+def _keys_fit(state, target, heads):
+    """Whether `state`'s keys are the model's, bar a classifier head it lacks altogether."""
+    return not set(state) - set(target) and set(target) - set(state) <= heads
+
+
+def _strip_prefix(state, target, heads):
+    """(state, prefix): `state` without one leading '<word>.' shared by all its keys, or by all of its keys the
+    model lacks, when without it the keys fit the model (prefix '' when nothing was stripped)."""
+    if _keys_fit(state, target, heads):
+        return state, ""
+    unmatched = [k for k in state if k not in target]
+    for prefix, keys in ((_first_word(state), list(state)), (_first_word(unmatched), unmatched)):
+        if not prefix:
+            continue
+        renamed = {k: _strip(k[len(prefix):]) for k in keys if k.startswith(prefix)}
+        stripped = {renamed.get(k, k): v for k, v in state.items()}
+        if len(stripped) == len(state) and _keys_fit(stripped, target, heads):
+            return stripped, prefix
+    return state, ""
 
 
 def head_keys(model):
@@ -98,24 +160,66 @@ def head_keys(model):
     return {f"{name}.{p}" for p, _ in module.named_parameters(recurse=False)}
 
 
+def _first_conv_weight(model):
+    """State-dict key of the weight of the model's first (ungrouped) convolution, which sees the image's
+    channels, or None."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d):
+            return f"{name}.weight" if module.groups == 1 else None
+    return None
+
+
+def _channel_hint(model, state, target):
+    """The sentence for weights whose first convolution was made for another number of image channels (and
+    that fit the model otherwise), or ''."""
+    k = _first_conv_weight(model)
+    if k is None or k not in state or set(state) != set(target):
+        return ""
+    theirs, ours = tuple(state[k].shape), tuple(target[k].shape)
+    if len(theirs) != 4 or theirs[1] == ours[1] or theirs[:1] + theirs[2:] != ours[:1] + ours[2:]:
+        return ""
+    if any(state[n].shape != v.shape for n, v in target.items() if n != k):
+        return ""
+    n, m = theirs[1], ours[1]
+    return (f"the weights expect {n}-channel images and the data has {m} channel{'s' if m > 1 else ''}; set "
+            f"data.channels={n} (an imagefolder dataset) or use weights made for {m}-channel images")
+
+
 def load_pretrained(model, path, key):
-    """Load a weights file into `model`; a classifier head of another size keeps the model's own (fresh)
-    head. Returns a one-line description of what was loaded."""
+    """Load a weights file into `model`; a classifier head of another size, or none in the file, leaves the
+    model's own (fresh) head. Returns a one-line description of what was loaded."""
     state = read_state_dict(path, key)
     target = model.state_dict()
     heads = head_keys(model)
+    state, prefix = _strip_prefix(state, target, heads)
+    common = _first_word(state)
     replaced = {k: tuple(state[k].shape) for k in sorted(heads) if k in state and state[k].shape != target[k].shape}
-    for k in replaced:
+    whole_head_absent = heads and not heads & set(state) and _keys_fit(state, target, heads)
+    absent = sorted(heads) if whole_head_absent else []  # backbone-only weights
+    for k in [*replaced, *absent]:
         state[k] = target[k]
     problem = key_mismatch(target, state, "wrong shape", lambda t, v: t.shape != v.shape,
                            lambda k, v: f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}")
     if problem:
+        hint = _channel_hint(model, state, target)
+        if hint:
+            raise InputError(f"{key}: '{path}' does not fit this model ({problem}): {hint}")
+        if common and not any(k.startswith(common) for k in target):
+            raise InputError(f"{key}: '{path}' does not fit this model ({problem}); every key in it starts with "
+                             f"'{common}', which no key of this model does, and without that prefix the keys still "
+                             "do not fit: is it a checkpoint of another architecture?")
         raise InputError(f"{key}: '{path}' does not fit this model ({problem}); is it a checkpoint of another "
                          "architecture?")
     model.load_state_dict({k: v.to(target[k].dtype) for k, v in state.items()}, strict=True)
     note = f"{key}: loaded {os.path.basename(path)}"
+    if prefix:
+        note += f" (the prefix '{prefix}' stripped from its keys)"
     weight = next((k for k in replaced if k.endswith("weight")), None)
     if weight:
         note += (f"; its classifier head {weight} {replaced[weight]} was replaced by a new one of shape "
                  f"{tuple(target[weight].shape)} (trained from scratch)")
+    elif absent:
+        shown = next((k for k in absent if k.endswith("weight")), absent[0])
+        note += (f"; it holds no classifier head ({', '.join(absent)}), so a new one of shape "
+                 f"{tuple(target[shown].shape)} is trained from scratch")
     return note

@@ -1,0 +1,143 @@
+"""Weights files as users bring them (Lightning-style prefixes, a state dict under an unknown key, weights made for
+3-channel images, backbone-only weights) and the decoded-image cache's budget with images of different sizes."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from PIL import Image
+
+from compress.data.imageset import FileImages
+from compress.deploy import imageio
+from compress.errors import InputError
+from compress.models.registry import build_model
+from compress.models.weights import load_pretrained
+from conftest import invoke
+
+
+def resnet18_state(num_classes=5, seed=0):
+    torch.manual_seed(seed)
+    return torchvision.models.resnet18(num_classes=num_classes).state_dict()
+
+
+def fresh_resnet18(num_classes=5):
+    torch.manual_seed(123)  # not the weights' seed: a load that does nothing shows
+    return torchvision.models.resnet18(num_classes=num_classes)
+
+
+def same(a, b, skip=()):
+    return all(torch.equal(v, b[k]) for k, v in a.items() if k not in skip)
+
+
+@pytest.mark.parametrize("wrap", [
+    lambda sd: {"state_dict": {f"model.{k}": v for k, v in sd.items()}, "epoch": 3},  # Lightning
+    lambda sd: {f"net.{k}": v for k, v in sd.items()},
+    lambda sd: {f"backbone.module.{k}": v for k, v in sd.items()},
+    # only the keys that do not match share the prefix
+    lambda sd: {(f"encoder.{k}" if k.startswith("layer4") else k): v for k, v in sd.items()},
+], ids=["lightning-model", "net", "backbone-then-ddp", "encoder-on-unmatched"])
+def test_a_checkpoint_of_the_right_architecture_loses_its_wrappers_prefix(tmp_path, wrap):
+    state = resnet18_state()
+    torch.save(wrap(state), tmp_path / "w.ckpt")
+    model = fresh_resnet18()
+    note = load_pretrained(model, str(tmp_path / "w.ckpt"), "model.teacher_weights")
+    assert same(state, model.state_dict())
+    assert "stripped from its keys" in note
+
+
+def test_a_prefixed_checkpoint_of_another_architecture_says_every_key_has_the_prefix(tmp_path):
+    torch.manual_seed(0)
+    other = torchvision.models.resnet34(num_classes=5).state_dict()
+    torch.save({"state_dict": {f"model.{k}": v for k, v in other.items()}}, tmp_path / "r34.ckpt")
+    with pytest.raises(InputError) as e:
+        load_pretrained(fresh_resnet18(), str(tmp_path / "r34.ckpt"), "model.teacher_weights")
+    assert "every key in it starts with 'model.'" in str(e.value) and "another architecture" in str(e.value)
+    assert str(e.value).startswith("model.teacher_weights: '")
+
+
+def test_a_state_dict_under_an_unknown_key_is_found_and_none_or_several_are_named(tmp_path):
+    state = resnet18_state()
+    torch.save({"net": state, "epoch": 3, "best_acc": 0.9}, tmp_path / "net.pth")
+    model = fresh_resnet18()
+    load_pretrained(model, str(tmp_path / "net.pth"), "model.student_weights")
+    assert same(state, model.state_dict())
+
+    torch.save({"student": state, "teacher": state, "epoch": 3}, tmp_path / "two.pth")
+    with pytest.raises(InputError, match=r"'[^']*two.pth' holds 2 state dicts \(under 'student', 'teacher'\)"):
+        load_pretrained(fresh_resnet18(), str(tmp_path / "two.pth"), "model.student_weights")
+
+    torch.save({"epoch": 3, "lr": 0.1}, tmp_path / "none.pth")
+    with pytest.raises(InputError, match=r"holds no state dict .*its top-level keys are 'epoch', 'lr'"):
+        load_pretrained(fresh_resnet18(), str(tmp_path / "none.pth"), "model.student_weights")
+
+
+def test_weights_for_another_number_of_image_channels_say_so_and_what_to_set(tmp_path):
+    torch.save(build_model("compact_cnn", (3, 8, 8), 10).state_dict(), tmp_path / "rgb.pth")
+    with pytest.raises(InputError) as e:
+        load_pretrained(build_model("compact_cnn", (1, 8, 8), 10), str(tmp_path / "rgb.pth"), "model.teacher_weights")
+    message = str(e.value)
+    assert "the weights expect 3-channel images and the data has 1 channel" in message
+    assert "data.channels=3" in message and "another architecture" not in message
+
+
+def test_weights_for_another_number_of_channels_fail_the_run_in_one_sentence(tmp_path, tiny_config):
+    # the digits of the tiny config have 1 channel; the teacher's weights (Lightning-style) were made for 3
+    rgb = build_model("resnet14", (3, 8, 8), 10).state_dict()
+    torch.save({"state_dict": {f"model.{k}": v for k, v in rgb.items()}}, tmp_path / "rgb.ckpt")
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run",
+                    "--set", f"model.teacher_weights={tmp_path / 'rgb.ckpt'}")
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.stderr
+    assert "the weights expect 3-channel images and the data has 1 channel; set data.channels=3" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_backbone_only_weights_load_and_the_head_is_trained_from_scratch(tmp_path):
+    state = resnet18_state(num_classes=1000)
+    torch.save({k: v for k, v in state.items() if not k.startswith("fc.")}, tmp_path / "backbone.pth")
+    model = fresh_resnet18(num_classes=5)
+    own_head = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("fc.")}
+    note = load_pretrained(model, str(tmp_path / "backbone.pth"), "model.student_weights")
+    loaded = model.state_dict()
+    assert same(state, loaded, skip=("fc.weight", "fc.bias"))
+    assert same(own_head, loaded)
+    assert "no classifier head (fc.bias, fc.weight)" in note and "(5, 512) is trained from scratch" in note
+
+    # half a head is not a backbone: still refused, naming the key
+    torch.save({k: v for k, v in resnet18_state().items() if k != "fc.bias"}, tmp_path / "half.pth")
+    with pytest.raises(InputError, match=r"missing keys: fc.bias\)"):
+        load_pretrained(fresh_resnet18(), str(tmp_path / "half.pth"), "model.student_weights")
+
+
+# ---------------------------------------------------------------- the decoded-image cache
+
+
+def images_of_growing_size(folder, sizes):
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, (h, w) in enumerate(sizes):
+        path = folder / f"{i}.png"
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return paths
+
+
+def test_the_image_cache_counts_every_images_bytes_not_the_first_ones(tmp_path, caplog):
+    # random_resized_crop keeps each image at its own size: a small first image made the whole set look tiny
+    files = images_of_growing_size(tmp_path, [(8, 8)] + [(200, 150)] * 5)
+    shape, rule = (3, 32, 32), imageio.resize_rule(32)
+    budget = 8 * 8 * 3 + 2 * 200 * 150 * 3 + 1000  # the first three fit; all six would be ~450 kB
+    with caplog.at_level(logging.INFO, logger="compress.data.imageset"):
+        cached = FileImages(files, shape, rule, keep_original=True, cache_bytes=budget)
+    assert sum(image.numel() * image.element_size() for image in cached.cache) <= budget
+    assert len(cached.cache) == 3
+    assert "the first 3 of 6 images" in caplog.text and "decoding the other 3 every batch" in caplog.text
+
+    uncached = FileImages(files, shape, rule, keep_original=True)
+    everything = FileImages(files, shape, rule, keep_original=True, cache_bytes=2**30)
+    assert uncached.cache is None and len(everything.cache) == 6
+    for i in range(len(files)):
+        assert torch.equal(cached.source(i), uncached.source(i)) and torch.equal(cached.source(i), everything.source(i))
+    assert torch.equal(cached.fitted(range(6)), uncached.fitted(range(6)))
