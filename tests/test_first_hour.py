@@ -95,6 +95,19 @@ def test_changed_images_run_the_stages_again_and_a_teacher_of_other_classes_is_r
         == {k: v for k, v in before.items() if not k.endswith(("log.txt", "manifest.json"))}
 
 
+def test_a_run_directory_inside_the_images_is_refused_before_anything_is_written(tmp_path):
+    """Was: `cd ~/photos; compress run --set data.root=.` put artifacts/ among the class folders: an error telling
+    the user to remove it, or - once it held report.png - a fourth class of report plots, exit 0."""
+    image_tree(tmp_path / "photos", splits=("",))
+    for root, key in ((tmp_path / "photos", "data.root"), (tmp_path / "photos" / "cat", "data.unlabeled")):
+        result = invoke("run", "--run-dir", tmp_path / "photos" / "cat" / "run", "--set", "data.name=imagefolder",
+                        "--set", f"data.root={tmp_path / 'photos'}", "--set", f"{key}={root}", "--stages", "teacher")
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert (f"{key}: the run directory '{tmp_path / 'photos' / 'cat' / 'run'}' is inside '{root}', where its "
+                "files would be read as images; pass --run-dir outside it") in result.stderr
+    assert sorted(os.listdir(tmp_path / "photos" / "cat")) == [f"{i}.png" for i in range(4)]
+
+
 def test_a_train_folder_without_val_is_split_not_taken_for_a_class(tmp_path):
     """Was: 'found 1 class folder(s)' - train/ taken for the only class."""
     image_tree(tmp_path / "img", splits=("train",), count=10)

@@ -122,8 +122,8 @@ def _relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc, m
     from compress.run.pipeline import LOCK_ENV, check_run_dir
     from compress.run.rundir import RunDir, RunLock
 
-    preflight.check(cfg, stage_names, nproc)  # e.g. a batch that does not split over nproc: before any worker
     run = RunDir(run_dir)
+    preflight.check(cfg, stage_names, nproc, run_root=run.root)  # e.g. a batch that does not split: before workers
     check_run_dir(run, cfg, stage_names)
     run.create()
     argv = ["run", "--stages", ",".join(stage_names), "--run-dir", run_dir]

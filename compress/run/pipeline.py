@@ -130,7 +130,7 @@ def _say_what_went_stale(run, stage_names):
 def _check_before_writing(cfg, run, stage_names, world):
     """Everything checkable before a file is written; returns the run directory's saved config (raw YAML
     mapping) or None."""
-    data = preflight.check(cfg, stage_names, world)
+    data = preflight.check(cfg, stage_names, world, run_root=run.root)
     check_run_dir(run, cfg, stage_names)
     for line in data["lines"]:
         log.info("%s", line)
@@ -248,7 +248,7 @@ def plan(cfg, run_root, stage_names, force=False, world=1):
     from compress.run.contract import Input
 
     run = RunDir(run_root)
-    data = preflight.check(cfg, stage_names, world)
+    data = preflight.check(cfg, stage_names, world, run_root=run.root)
     check_run_dir(run, cfg, stage_names)
     rows, running = [], {}
     for name in stage_names:

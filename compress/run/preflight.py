@@ -13,10 +13,15 @@ from compress.errors import ConfigError
 TRAINING_STAGES = ("teacher", "distill", "qat")
 
 
-def problems(cfg, stage_names, world_size):
-    """The list of problems (empty when the run can start)."""
+def problems(cfg, stage_names, world_size, run_root=None):
+    """The list of problems (empty when the run can start); `run_root`: the run directory it would write."""
     found = []
     data = cfg.data
+    for key in ("root", "unlabeled"):
+        folder = getattr(data, key)
+        if run_root and folder and (key == "unlabeled" or data.name == "imagefolder") and _inside(run_root, folder):
+            found.append(f"data.{key}: the run directory '{run_root}' is inside '{folder}', where its files would "
+                         "be read as images; pass --run-dir outside it (or start compress from another folder)")
     if data.root and not data.download and not os.path.isdir(os.path.expanduser(data.root)):
         found.append(f"data.root: folder '{data.root}' does not exist; point data.root at the dataset")
     from compress.models.registry import source_problem
@@ -53,10 +58,10 @@ def problems(cfg, stage_names, world_size):
     return found
 
 
-def check(cfg, stage_names, world_size, source=None):
+def check(cfg, stage_names, world_size, source=None, run_root=None):
     """Raise one ConfigError listing every problem found by `problems`; then look at the data (its layout,
     without decoding an image) and return its summary: {"lines": [...], "notes": [...]}."""
-    found = problems(cfg, stage_names, world_size)
+    found = problems(cfg, stage_names, world_size, run_root)
     if found:
         raise ConfigError(found, source=source)
     from compress.data.datasets import describe
@@ -141,3 +146,9 @@ def _weights_problems(cfg, stage_names, built):
         except InputError as e:
             found.append(str(e))
     return found
+
+
+def _inside(path, folder):
+    """Whether `path` is `folder` or below it (links resolved)."""
+    path, folder = os.path.realpath(os.path.expanduser(path)), os.path.realpath(os.path.expanduser(folder))
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
