@@ -141,3 +141,22 @@ def test_the_image_cache_counts_every_images_bytes_not_the_first_ones(tmp_path, 
     for i in range(len(files)):
         assert torch.equal(cached.source(i), uncached.source(i)) and torch.equal(cached.source(i), everything.source(i))
     assert torch.equal(cached.fitted(range(6)), uncached.fitted(range(6)))
+
+
+def test_a_teacher_taken_as_given_whose_head_would_be_new_is_refused(tmp_path, tiny_config):
+    """Was: teacher.epochs 0 with 1000-class weights replaced the head with an untrained one and went on ("used
+    as given: val acc 31.11 %"); distill then only said the teacher was hardly better than chance."""
+    teacher = build_model("resnet14", (1, 8, 8), 1000).state_dict()  # the tiny config's teacher, 1000 classes
+    torch.save(teacher, tmp_path / "imagenet_head.pth")
+    torch.save({k: v for k, v in teacher.items() if not k.startswith("classifier.")}, tmp_path / "backbone.pth")
+    for name in ("imagenet_head.pth", "backbone.pth"):
+        result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher",
+                        "--set", f"model.teacher_weights={tmp_path / name}", "--set", "teacher.epochs=0")
+        assert result.exit_code == 2 and "Traceback" not in result.stderr, result.output
+        assert (f"teacher.epochs: 0 takes the teacher as given, but '{tmp_path / name}' has no classifier head for "
+                "the data's 10 classes, and a new one would never be trained; set teacher.epochs to 1 or more") \
+            in result.stderr
+        assert not (tmp_path / "run").exists()
+    trained = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher", "--dry-run",
+                     "--set", f"model.teacher_weights={tmp_path / 'backbone.pth'}", "--set", "teacher.epochs=1")
+    assert trained.exit_code == 0, trained.output  # trained, the new head is fine

@@ -142,9 +142,16 @@ def _weights_problems(cfg, stage_names, built):
         if not path or stage not in stage_names or key not in built or not os.path.isfile(os.path.expanduser(path)):
             continue  # not read by this run, or not there (problems() says so)
         try:
-            load_pretrained(built[key], path, f"{key}_weights")
+            note = load_pretrained(built[key], path, f"{key}_weights")
         except InputError as e:
             found.append(str(e))
+            continue
+        if key == "model.teacher" and cfg.teacher.epochs == 0 and "trained from scratch" in note:
+            from compress.data.datasets import num_classes_of
+
+            found.append(f"teacher.epochs: 0 takes the teacher as given, but '{path}' has no classifier head for the "
+                         f"data's {num_classes_of(cfg.data)} classes, and a new one would never be trained; set "
+                         "teacher.epochs to 1 or more (or give weights whose head has these classes)")
     return found
 
 
