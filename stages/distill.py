@@ -65,7 +65,7 @@ def build_pair(cfg, data, teacher_model):
     one example and checked before any training."""
     student_model = new_student(cfg, data)
     s_cos, s_hint, t_cos, t_hint, width, regressor = wire_features(cfg.distill, student_model, teacher_model,
-                                                                   data.val.batch([0, 1]).x)
+                                                                   data.example())
     return (StudentWithRegressor(student_model, s_cos, s_hint, regressor),
             FrozenTeacher(teacher_model, t_cos, t_hint, width))
 

@@ -99,7 +99,7 @@ def _write_files(ctx, float_model, int8_model, qconfig, model_name, data):
     """The fp32, QAT int8 and (export.ptq) post-training int8 ONNX files, each with the deployment metadata;
     a Ctrl-C between files leaves whole files only."""
     e = ctx.cfg.export
-    example = data.val.batch([0, 1]).x
+    example = data.example()
     meta = deployment_metadata(model_name, data)
     paths = {"fp32": ctx.run.path(OUTPUTS["fp32"]), "int8": ctx.run.path(OUTPUTS["int8"])}
     source_sha = ctx.input_sha256(ctx.cfg.qat.source, "model")
@@ -186,7 +186,7 @@ def _rebuild_int8(ctx, model_name, data):
     tensors, meta = read_weights(path, expect_stage="qat", expect_model=model_name,
                                  expect_sha256=ctx.input_sha256("qat", "model"))
     q = meta["qconfig"]
-    example = data.val.batch([0, 1]).x
+    example = data.example()
     model = fx.rebuild_int8(build_model(model_name, data.input_shape, data.num_classes), tensors, example, q, path)
     return model, q
 
@@ -206,7 +206,7 @@ def _teacher_reference(ctx, data, e, runtime):
         return None
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "teacher.onnx")
-        export_onnx(model, data.val.batch([0, 1]).x, path, e.opset, {})
+        export_onnx(model, data.example(), path, e.opset, {})
         rows = latency_table(path, e.latency_batch_sizes, repeats=min(e.latency_repeats, 10),
                              warmup=min(e.latency_warmup, 2), stop=stop_if_asked, runtime=runtime)
         return rows, os.path.getsize(path)

@@ -51,7 +51,7 @@ def run(ctx):
     float_acc = evaluate(float_model.to(env.device), val, env)["val_acc"]  # before prepare: it edits modules
     reference = _frozen_copy(float_model) if q.kd_weight else None  # the float model QAT distils from
 
-    example = data.val.batch([0, 1]).x
+    example = data.example()
     float_layers, figures = dist.on_main(env, choose_float_layers, ctx, float_model.cpu(), data)
     torch.manual_seed(cfg.seed)
     prepared = fx.prepare(float_model.cpu(), example, q.backend, q.activation_range, q.per_channel, float_layers)

@@ -108,6 +108,26 @@ def test_a_run_directory_inside_the_images_is_refused_before_anything_is_written
     assert sorted(os.listdir(tmp_path / "photos" / "cat")) == [f"{i}.png" for i in range(4)]
 
 
+def test_a_tiny_or_lopsided_folder_runs_end_to_end_and_the_summary_says_what_its_numbers_are_worth(tmp_path):
+    """Was: 2 classes of 2 images (1 validation image) crashed distill with an IndexError after the teacher had
+    trained; a class left without training images by the split, or a 1,000:40 imbalance, went unmentioned."""
+    image_tree(tmp_path / "img", splits=("",), count=2)
+    result = invoke("run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder", "--set",
+                    f"data.root={tmp_path / 'img'}", "--set", "data.image_size=8", "--set", "model.teacher=compact_cnn",
+                    "--set", "model.student=compact_cnn", "--set", "teacher.epochs=1", "--set", "distill.epochs=1",
+                    "--set", "qat.epochs=1", "--set", "qat.max_accuracy_drop=100", "--set", "qat.float_layers=[]",
+                    "--set", "export.latency_repeats=2", "--set", "export.min_int8_speedup=0")
+    assert result.exit_code == 0, result.output
+    assert "1 validation image(s): each one is 100.0 points of accuracy" in result.stderr
+    assert "no validation image of class " in result.stderr and os.path.isfile(tmp_path / "run" / "report.md")
+    image_tree(tmp_path / "lopsided", splits=("",), classes=("cat",), count=40)
+    image_tree(tmp_path / "lopsided", splits=("",), classes=("dog",), count=2)
+    plan = invoke("run", "--dry-run", "--run-dir", tmp_path / "run2", "--set", "data.name=imagefolder", "--set",
+                  f"data.root={tmp_path / 'lopsided'}", "--set", "data.split_seed=3")
+    assert plan.exit_code == 0, plan.output
+    assert "the classes are imbalanced (cat: 40 images, dog: 2): always answering cat scores " in plan.output
+
+
 def test_a_train_folder_without_val_is_split_not_taken_for_a_class(tmp_path):
     """Was: 'found 1 class folder(s)' - train/ taken for the only class."""
     image_tree(tmp_path / "img", splits=("train",), count=10)

@@ -39,6 +39,11 @@ class DataBundle:
         """(channels, height, width) of one normalised image."""
         return self.train.image_shape
 
+    def example(self):
+        """Two validation images, the example batch for tracing and export (the one image twice when the validation
+        split has one: a tiny folder of 2 x 2 images crashed distill here)."""
+        return self.val.batch([0, min(1, len(self.val) - 1)]).x
+
 
 def num_classes_of(cfg):
     """How many classes the config's dataset has, without reading images (imagefolder: its class folders)."""

@@ -4,6 +4,7 @@ root/<class>/ tree split by seed), and a folder of unlabelled images for distill
 import hashlib
 import logging
 import os
+from collections import Counter
 
 import torch
 
@@ -50,7 +51,32 @@ def scan(cfg):
         where = (f"{os.path.basename(train_dir)}/ only (no val/ or test/ beside it)" if tree == train_dir
                  else "one folder per class")
         layout = f"{where}: {cfg.val_fraction:.0%} held out for validation by data.split_seed"
+    notes += _balance(names, train, val)
     return {"layout": layout, "classes": names, "train": train, "val": val, "notes": notes}
+
+
+def _balance(names, train, val):
+    """Warnings a user needs before training on these splits: a class with no training or no validation image,
+    classes of very different sizes, and a validation split too small to tell models apart."""
+    notes = []
+    for split, items, what in (("training", train, "the model cannot learn it"),
+                               ("validation", val, "its accuracy is not measured")):
+        counts = Counter(label for _, label in items)
+        missing = [names[i] for i in range(len(names)) if not counts[i]]
+        if missing:
+            notes.append(f"no {split} image of class {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}: "
+                         f"{what}; add images (or change data.val_fraction / data.split_seed)")
+    counts = Counter(label for _, label in train + val)
+    big, small = max(counts, key=counts.get), min(counts, key=counts.get)
+    if counts[big] >= 10 * counts[small]:
+        share = 100 * sum(y == big for _, y in val) / max(1, len(val))
+        notes.append(f"the classes are imbalanced ({names[big]}: {counts[big]:,} images, {names[small]}: "
+                     f"{counts[small]:,}): always answering {names[big]} scores {share:.0f} % on validation, so read "
+                     "accuracies against that")
+    if len(val) < 100:
+        notes.append(f"only {len(val)} validation image(s): each one is {100 / len(val):.1f} points of accuracy, so "
+                     "small differences between models are noise; add images or raise data.val_fraction")
+    return notes
 
 
 def listing_digest(cfg, key):
