@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from compress.errors import InputError
 from compress.models.registry import build_model, source_problem
 from compress.models.weights import load_pretrained, read_state_dict
+from compress.run.config import load_config
 from compress.training.checkpoint import read_weights
 from conftest import invoke
 
@@ -144,6 +145,55 @@ def test_user_model_function_from_the_working_directory(tmp_path, monkeypatch):
     model = build_model("team_models:tiny", (1, 8, 8), 4)
     assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 4)
     assert "has no function 'huge'" in source_problem("team_models:huge")
+
+
+def test_a_user_model_that_does_not_give_class_scores_is_named_before_anything_runs(tmp_path, monkeypatch):
+    """Was: "unexpected AttributeError: 'tuple' object has no attribute 'device'" (exit 1) mid-stage, a bare size
+    mismatch for a model that ignores num_classes, and a zero-argument function given num_classes anyway."""
+    from compress.run.preflight import problems
+
+    (tmp_path / "odd_models.py").write_text(textwrap.dedent("""\
+        import torch.nn as nn
+
+        class Pair(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+                self.fc = nn.Linear(8, n)
+
+            def forward(self, x):
+                h = self.body(x)
+                return self.fc(h), h
+
+        def pair(num_classes):
+            return Pair(num_classes)
+
+        def ten():  # takes no argument: gets none, and makes 10 classes
+            return nn.Sequential(nn.Conv2d(3, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+        def gray(num_classes):
+            return nn.Sequential(nn.Conv2d(1, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))
+        """))
+    monkeypatch.chdir(tmp_path)
+    image = tmp_path / "img"
+    for cls in ("a", "b", "c"):
+        (image / cls).mkdir(parents=True)
+    expected = {
+        "odd_models:pair": "returns a tuple for a batch of 2 images of 3x16x16 in training mode; compress needs one "
+                           "tensor of class scores, of shape (2, 3)",
+        "odd_models:ten": "returns a tensor of shape (2, 10) for a batch of 2 images of 3x16x16 in training mode; "
+                          "compress needs class scores of shape (2, 3), for the data's 3 classes",
+        "odd_models:gray": "fails on a batch of 2 images of 3x16x16 in training mode (RuntimeError: Given groups=1, ",
+        "torchvision:googlenet": None,  # its auxiliary heads are off: one tensor while training too
+    }
+    for name, message in expected.items():
+        cfg = load_config(None, ["data.name=imagefolder", f"data.root={image}", "data.image_size=16",
+                                 f"model.student={name}"])
+        found = problems(cfg, ["distill"], 1)
+        if message is None:
+            assert not any("model.student" in p for p in found), found
+        else:
+            assert any(p.startswith(f"model.student: {name} {message}") for p in found), found
 
 
 def test_torchvision_models_adapt_to_grayscale_and_classes():

@@ -49,15 +49,17 @@ def build_from_source(name, in_channels, image_size, num_classes):
     if name.startswith(TORCHVISION):
         from torchvision.models import get_model_builder
 
-        model = get_model_builder(name[len(TORCHVISION):])(weights=None, num_classes=num_classes)
+        arch = name[len(TORCHVISION):]
+        aux = {"aux_logits": False, "init_weights": True} if arch in ("googlenet", "inception_v3") else {}  # one tensor
+        model = get_model_builder(arch)(weights=None, num_classes=num_classes, **aux)
         return adapt_input_channels(model, in_channels)
     fn = user_function(name)
     offered = {"num_classes": num_classes, "in_channels": in_channels, "image_size": tuple(image_size)}
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin without a signature: offer everything
-        params = {}
-    takes_all = not params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+        params = None
+    takes_all = params is None or any(p.kind == p.VAR_KEYWORD for p in params.values())  # `def f():` gets nothing
     try:
         model = fn(**{k: v for k, v in offered.items() if takes_all or k in params})
     except Exception as e:

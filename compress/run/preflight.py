@@ -86,9 +86,15 @@ def _model_problems(cfg, stage_names):
     found, built = [], {}
     for key, name in roles.items():
         try:
-            built[key] = build_model(name, shape, classes)
+            model = build_model(name, shape, classes)
         except InputError as e:
             found.append(str(e) if str(e).startswith("model") else f"{key}: {e}")
+            continue
+        problem = _output_problem(model, shape, classes)
+        if problem:
+            found.append(f"{key}: {name} {problem}")
+        else:
+            built[key] = model
     found.extend(_weights_problems(cfg, stage_names, built))
     found.extend(_feature_problems(cfg, stage_names, built, shape))
     quantized = "model.student" if quantized_model(cfg.model, cfg.qat.source) == cfg.model.student else "model.teacher"
@@ -104,6 +110,34 @@ def _model_problems(cfg, stage_names):
             found.append(f"{quantized}: {e}; QAT needs a model torch.fx can trace (choose another model, or "
                          "leave qat out of --stages)")
     return found
+
+
+def _output_problem(model, shape, classes):
+    """Why `model` cannot be trained here, or '': one forward pass of a batch of 2 zero images in training and in
+    eval mode must give one tensor of class scores, (2, classes). A user's model that returns a tuple, ignores
+    num_classes, wants other channels or one image size fails now, in one sentence, not mid-stage with a bare
+    torch error (after the teacher's hours, for the student)."""
+    import torch
+
+    c, h, w = shape
+    for mode in ("training", "eval"):
+        model.train(mode == "training")
+        try:
+            with torch.no_grad():
+                out = model(torch.zeros(2, *shape))
+        except Exception as e:  # any error of the user's code: named, with the input it was given
+            first = (str(e).strip().splitlines() or [""])[0][:160]
+            return (f"fails on a batch of 2 images of {c}x{h}x{w} in {mode} mode ({type(e).__name__}: {first}); "
+                    "check data.image_size and data.channels against what the model expects")
+        if not torch.is_tensor(out):
+            return (f"returns a {type(out).__name__} for a batch of 2 images of {c}x{h}x{w} in {mode} mode; compress "
+                    f"needs one tensor of class scores, of shape (2, {classes})")
+        if tuple(out.shape) != (2, classes):
+            return (f"returns a tensor of shape {tuple(out.shape)} for a batch of 2 images of {c}x{h}x{w} in {mode} "
+                    f"mode; compress needs class scores of shape (2, {classes}), for the data's {classes} classes "
+                    "(a model function is given num_classes when it names it)")
+    model.train()
+    return ""
 
 
 def _feature_problems(cfg, stage_names, built, input_shape):
