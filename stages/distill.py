@@ -25,7 +25,7 @@ from compress.fileio import atomic_write_json, read_json, sha256_file
 from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained
 from compress.run.config import section_hash
-from compress.run.contract import File, Images, Input, StageResult
+from compress.run.contract import Code, File, Images, Input, StageResult
 from compress.run.report import file_size
 from compress.training import distributed as dist
 from compress.training.checkpoint import read_weights, save_weights
@@ -47,7 +47,8 @@ STORE_FOLDER = "distill/teacher_outputs"
 
 def inputs(cfg):
     weights = cfg.model.student_weights
-    return [Input("teacher", "model"), Images("root"), *([Images("unlabeled")] if cfg.data.unlabeled else []),
+    return [Input("teacher", "model"), Images("root"), Code("model.teacher"), Code("model.student"),
+            *([Images("unlabeled")] if cfg.data.unlabeled else []),
             *([File(weights, "model.student_weights")] if weights else [])]
 
 

@@ -23,7 +23,7 @@ from compress.quant.onnx_export import export_onnx
 from compress.quant.ptq import quantize_ptq
 from compress.quant.verify import checks, compare, onnx_correct, output_step, paired, speed_gate
 from compress.run.config import quantized_model
-from compress.run.contract import Images, Input, StageResult
+from compress.run.contract import Code, Images, Input, StageResult
 from compress.training import interrupt
 from compress.training.checkpoint import load_weights, read_weights
 
@@ -41,7 +41,8 @@ RANK0_ONLY = True
 def inputs(cfg):
     # the teacher is timed for the report's comparison row only: optional, and a broken file just drops the row
     teacher = [Input("teacher", "model", required=False)] if cfg.qat.source == "distill" else []
-    return [Input(cfg.qat.source, "model"), Input("qat", "model"), *teacher, Images("root")]
+    return [Input(cfg.qat.source, "model"), Input("qat", "model"), *teacher, Images("root"),
+            Code("model.student" if cfg.qat.source == "distill" else "model.teacher")]
 
 
 def run(ctx):

@@ -16,7 +16,7 @@ from compress.errors import StageFailed
 from compress.models.registry import build_model, count_parameters
 from compress.quant import fx, mixed_precision
 from compress.run.config import quantized_model
-from compress.run.contract import Images, Input, StageResult
+from compress.run.contract import Code, Images, Input, StageResult
 from compress.training import distributed as dist
 from compress.training import interrupt
 from compress.training.checkpoint import read_weights, save_weights
@@ -36,7 +36,8 @@ RANK0_ONLY = False
 
 
 def inputs(cfg):
-    return [Input(cfg.qat.source, "model"), Images("root")]
+    model = "model.student" if cfg.qat.source == "distill" else "model.teacher"
+    return [Input(cfg.qat.source, "model"), Images("root"), Code(model)]
 
 
 def run(ctx):

@@ -9,7 +9,7 @@ from compress.data.datasets import load_data
 from compress.fileio import atomic_write_json
 from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained
-from compress.run.contract import File, Images, StageResult
+from compress.run.contract import Code, File, Images, StageResult
 from compress.run.report import file_size
 from compress.training import distributed as dist
 from compress.training.checkpoint import save_weights
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 def inputs(cfg):
     weights = cfg.model.teacher_weights
-    return [Images("root"), *([File(weights, "model.teacher_weights")] if weights else [])]
+    return [Images("root"), Code("model.teacher"), *([File(weights, "model.teacher_weights")] if weights else [])]
 
 
 def build_teacher(cfg, data):

@@ -169,6 +169,24 @@ def test_the_images_are_an_input_and_a_stage_recorded_without_them_is_not_rerun_
     assert decide(run, c, STAGES["teacher"], False, STAGES, 1).action == "skip"
 
 
+def test_editing_the_code_of_your_model_runs_its_stages_again(run, tmp_path, monkeypatch):
+    """Was: my_models.py widened, `teacher: up to date, skipped`, then distill failed with a bare size mismatch
+    (and an edit that kept the shapes went unnoticed)."""
+    source = ("import torch.nn as nn\n\ndef net(num_classes):\n"
+              "    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))\n")
+    (tmp_path / "edited_models.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    c = cfg("model.teacher=edited_models:net")
+    state = decide(run, c, STAGES["teacher"], False, STAGES, 1)
+    assert "external:code of model.teacher" in state.inputs
+    complete(run, "teacher", c, [TEACHER], inputs=state.inputs)
+    assert decide(run, c, STAGES["teacher"], False, STAGES, 1).action == "skip"
+    (tmp_path / "edited_models.py").write_text(source.replace("nn.Flatten(), ", "nn.Flatten(), nn.Dropout(0.1), "))
+    assert decide(run, c, STAGES["teacher"], False, STAGES, 1).reason == "the code of model.teacher changed"
+    assert "external:code of model.teacher" not in decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).inputs
+
+
 def test_a_checkpoint_written_before_an_input_changed_names_the_input(run):
     sums = complete(run, "teacher", cfg(), [TEACHER])
     run.update_stage("distill", status="interrupted")

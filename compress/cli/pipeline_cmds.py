@@ -230,10 +230,12 @@ def models_cmd():
 
 def _reads(item, stages):
     """What one declared input of a stage is, in words for `compress stages`."""
-    from compress.run.contract import Images, Input
+    from compress.run.contract import Code, Images, Input
 
     if isinstance(item, Input):
         return stages[item.stage].OUTPUTS[item.output] + ("" if item.required else " (optional)")
     if isinstance(item, Images):
         return f"the images in data.{item.key}"
+    if isinstance(item, Code):
+        return f"the code of {item.key} (when it is yours)"
     return f"{item.key} ({item.path})"

@@ -4,6 +4,7 @@ in_channels=, image_size=)` (it receives only the arguments its signature names)
 module is imported from the working directory or an installed package - it is code the user trusts, run as is.
 """
 
+import hashlib
 import importlib
 import inspect
 import logging
@@ -42,6 +43,20 @@ def user_function(name):
     if not callable(fn):
         raise InputError(f"module '{module_name}' has no function '{function_name}' (model '{name}')")
     return fn
+
+
+def code_digest(name):
+    """sha256 of the file that defines a user model (`<module>:<function>`), '' for registry and torchvision
+    names: editing your model's code runs the stages that build it again. Only that file: a module it imports
+    is not followed."""
+    if ":" not in name or name.startswith(TORCHVISION):
+        return ""
+    module = sys.modules.get(name.partition(":")[0]) or inspect.getmodule(user_function(name))
+    path = getattr(module, "__file__", None)
+    if not path or not os.path.isfile(path):
+        return ""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def build_from_source(name, in_channels, image_size, num_classes):

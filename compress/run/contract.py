@@ -6,7 +6,8 @@
     OUTPUTS            {output name: run-relative path}: the only place its file paths are written down
     PARTS              the models it trains, each with its own resume checkpoint ("" first; distill: "baseline")
     RANK0_ONLY         whether it runs on rank 0 alone (export) or on every rank (the training stages)
-    inputs(cfg)        [Input(stage, output, required) | File(path, key) | Images(key)]: every file it reads
+    inputs(cfg)        [Input(stage, output, required) | File(path, key) | Images(key) | Code(key)]: every file it
+                       reads
     run(ctx)           -> StageResult
     report_rows(entry, path)   its rows of the run report, read from its own OUTPUTS via `path(output)`
 """
@@ -49,6 +50,20 @@ class Images(NamedTuple):
     @property
     def input_key(self):
         return f"{EXTERNAL}images in data.{self.key}"
+
+
+class Code(NamedTuple):
+    """The source file of a user's model (`model.teacher` / `model.student` given as `<module>:<function>`): its
+    sha256 is an input of the stage, so editing the model's code runs the stages that build it again."""
+
+    key: str  # "model.teacher" or "model.student"
+
+    @property
+    def input_key(self):
+        return f"{EXTERNAL}code of {self.key}"
+
+
+DIGESTS = (f"{EXTERNAL}images in", f"{EXTERNAL}code of")  # inputs that are not files of their own
 
 
 @dataclass

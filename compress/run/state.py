@@ -17,7 +17,7 @@ from typing import Optional
 from compress.errors import CompressError, InputError
 from compress.fileio import sha256_file
 from compress.run.config import ConfigView, config_slice, section_hash
-from compress.run.contract import EXTERNAL, File, Images
+from compress.run.contract import DIGESTS, EXTERNAL, Code, File, Images
 
 log = logging.getLogger(__name__)
 
@@ -179,10 +179,8 @@ def _inputs(run, cfg, spec, entries, states, stages):
         if isinstance(item, File):  # outside the run directory (pretrained weights)
             inputs[item.input_key] = _external_sha256(item)
             continue
-        if isinstance(item, Images):  # what data.root (or data.unlabeled) lists: images added, moved, renamed
-            from compress.data.imagefolder import listing_digest  # only here: it scans the folder
-
-            digest = listing_digest(cfg.data, item.key)
+        if isinstance(item, (Images, Code)):  # what data.root lists (images added, moved, renamed); a model's code
+            digest = _digest(cfg, item)
             if digest:
                 inputs[item.input_key] = digest
             continue
@@ -202,6 +200,17 @@ def _inputs(run, cfg, spec, entries, states, stages):
         inputs[rel] = entry["outputs"][rel]  # what the stage verifies the file against when it loads it
         sources[f"{item.stage}:{item.output}"] = rel
     return inputs, sources
+
+
+def _digest(cfg, item):
+    """The digest that stands for an Images or Code input ('' when there is nothing of the user's to follow)."""
+    if isinstance(item, Images):
+        from compress.data.imagefolder import listing_digest  # only here: it scans the folder
+
+        return listing_digest(cfg.data, item.key)
+    from compress.models.sources import code_digest
+
+    return code_digest(getattr(cfg.model, item.key.split(".")[1]))
 
 
 def _modified_inputs(run, inputs):
@@ -269,11 +278,13 @@ def _changes(run, entry, decision):
         return f"config changed ({', '.join(keys[:4]) or 'config'})"
     for rel, sha in decision["inputs"].items():
         if entry.get("inputs", {}).get(rel) != sha:
-            if rel.startswith(f"{EXTERNAL}images in"):  # a stage recorded before versions listed them: not rerun
-                if rel in entry.get("inputs", {}):
+            if rel.startswith(DIGESTS):  # a stage recorded before versions followed these: not rerun for it
+                if rel not in entry.get("inputs", {}):
+                    continue
+                if rel.startswith(DIGESTS[0]):
                     return (f"the {rel.removeprefix(EXTERNAL)} changed (images added, removed, renamed, moved or "
                             "replaced)")
-                continue
+                return f"the {rel.removeprefix(EXTERNAL)} changed"
             return f"its input {rel.removeprefix(EXTERNAL)} changed"
     for rel in entry.get("inputs", {}):  # an optional input it used is gone or unusable now
         if rel not in decision["inputs"]:
