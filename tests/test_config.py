@@ -122,6 +122,10 @@ def test_missing_config_file_and_missing_dataset_folder(tmp_path):
     assert any(p.startswith("data.root: folder") and "does not exist" in p for p in problems)
     assert any(p.startswith("model.student: unknown model 'tiny'") for p in problems)
     assert "teacher.batch_size: 64 does not split evenly over 3 processes; use a multiple of 3" in problems
+    (tmp_path / "photos.zip").write_bytes(b"PK\x03\x04")  # was: "folder ... does not exist" for a file that does
+    cfg = load_config(None, ["data.name=imagefolder", f"data.root={tmp_path / 'photos.zip'}"])
+    assert f"data.root: '{tmp_path / 'photos.zip'}' is a file, not a folder; unpack it and point data.root at the " \
+        "folder that holds the images" in preflight.problems(cfg, ["teacher"], 1)
 
 
 def test_parsing_a_config_is_pure():

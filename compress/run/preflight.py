@@ -23,7 +23,12 @@ def problems(cfg, stage_names, world_size, run_root=None):
             found.append(f"data.{key}: the run directory '{run_root}' is inside '{folder}', where its files would "
                          "be read as images; pass --run-dir outside it (or start compress from another folder)")
     if data.root and not data.download and not os.path.isdir(os.path.expanduser(data.root)):
-        found.append(f"data.root: folder '{data.root}' does not exist; point data.root at the dataset")
+        if os.path.exists(os.path.expanduser(data.root)):
+            archive = data.root.lower().endswith((".zip", ".tar", ".tgz", ".gz", ".7z", ".rar"))
+            found.append(f"data.root: '{data.root}' is a file, not a folder; "
+                         f"{'unpack it and ' if archive else ''}point data.root at the folder that holds the images")
+        else:
+            found.append(f"data.root: folder '{data.root}' does not exist; point data.root at the dataset")
     from compress.models.registry import source_problem
 
     for key, name in (("model.teacher", cfg.model.teacher), ("model.student", cfg.model.student)):
