@@ -151,8 +151,28 @@ def test_a_folder_one_level_too_high_or_a_split_among_classes_is_refused(tmp_pat
                                          r"is one level too high; set data.root=.*photos/mine$"):
         load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'photos'}"), seed=0)
     _image_tree(tmp_path / "flat", ["", "val"])  # cat/, dog/ and val/ beside them, no train/
-    with pytest.raises(InputError, match=r"holds a 'val' folder beside its class folders; use .*/train/<class>/"):
+    with pytest.raises(InputError, match=r"holds a 'val' folder of class folders beside its class folders; use "
+                                         r".*/train/<class>/ with .*/val/<class>/"):
         load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'flat'}"), seed=0)
+    _image_tree(tmp_path / "binary", [""], classes=("invalid", "valid"))  # classes that happen to look like splits
+    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'binary'}"), seed=0)
+    assert data.class_names == ("invalid", "valid")
+
+
+def test_the_class_count_checks_use_and_a_broken_link_among_the_images(tmp_path):
+    """The review's points: preflight counted Train/Val as 2 classes and __MACOSX/ as one (refusing good models
+    and teachers); a dangling image link in the listing was 'unexpected FileNotFoundError', exit 1."""
+    from compress.data.datasets import num_classes_of
+    from compress.data.imagefolder import listing_digest
+
+    _image_tree(tmp_path / "cased", ["Train", "Val"], classes=("a", "b", "c"), count=2)
+    _image_tree(tmp_path / "flat", [""], classes=("a", "b", "c"), count=2)
+    (tmp_path / "flat" / "__MACOSX" / "a").mkdir(parents=True)
+    for root in ("cased", "flat"):
+        assert num_classes_of(data_cfg("data.name=imagefolder", f"data.root={tmp_path / root}")) == 3
+    os.symlink(tmp_path / "gone.png", tmp_path / "flat" / "a" / "zz.png")
+    with pytest.raises(InputError, match=r"image '.*zz.png' not found \(a broken link\?\); fix or remove it"):
+        listing_digest(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'flat'}"), "root")
 
 
 def test_a_link_loop_in_a_class_folder_is_not_followed(tmp_path, caplog):

@@ -90,9 +90,27 @@ def test_changed_images_run_the_stages_again_and_a_teacher_of_other_classes_is_r
     assert refused.exit_code == 2 and "Traceback" not in refused.output
     assert (f"'{tmp_path / 'run' / 'teacher' / 'model.safetensors'}' was trained on 2 classes (cat, dog), but the "
             "data now has 2 classes (bird, dog); run the teacher stage again on these images (add teacher to "
-            "--stages)") in refused.stderr
+            "--stages; with --force if it says it is up to date)") in refused.stderr
     assert {k: v for k, v in file_bytes(tmp_path / "run").items() if not k.endswith(("log.txt", "manifest.json"))} \
         == {k: v for k, v in before.items() if not k.endswith(("log.txt", "manifest.json"))}
+
+
+def test_a_stage_recorded_by_an_older_version_starts_following_its_images_once_skipped(tmp_path):
+    """The review's point: a teacher an older version recorded (no image digest) is skipped after the upgrade -
+    and must then follow its images: a later change to them runs it again."""
+    image_tree(tmp_path / "img")
+    args = ["run", "--run-dir", tmp_path / "run", "--stages", "teacher", "--set", "data.name=imagefolder", "--set",
+            f"data.root={tmp_path / 'img'}", "--set", "data.image_size=8", "--set", "teacher.epochs=1", "--set",
+            "model.teacher=compact_cnn"]
+    assert invoke(*args).exit_code == 0
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    digest = manifest["stages"]["teacher"]["inputs"].pop("external:images in data.root")
+    (tmp_path / "run" / "manifest.json").write_text(json.dumps(manifest))  # as the previous version wrote it
+    assert "teacher: up to date, skipped" in invoke(*args).stderr
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["stages"]["teacher"]["inputs"]["external:images in data.root"] == digest
+    os.rename(tmp_path / "img" / "train" / "dog" / "0.png", tmp_path / "img" / "train" / "cat" / "9.png")
+    assert "teacher: running again: the images in data.root changed" in invoke(*args).stderr
 
 
 def test_a_run_directory_inside_the_images_is_refused_before_anything_is_written(tmp_path):
@@ -101,11 +119,16 @@ def test_a_run_directory_inside_the_images_is_refused_before_anything_is_written
     image_tree(tmp_path / "photos", splits=("",))
     for root, key in ((tmp_path / "photos", "data.root"), (tmp_path / "photos" / "cat", "data.unlabeled")):
         result = invoke("run", "--run-dir", tmp_path / "photos" / "cat" / "run", "--set", "data.name=imagefolder",
-                        "--set", f"data.root={tmp_path / 'photos'}", "--set", f"{key}={root}", "--stages", "teacher")
+                        "--set", f"data.root={tmp_path / 'photos'}", "--set", f"{key}={root}", "--stages",
+                        "teacher,distill")
         assert result.exit_code == 2 and "Traceback" not in result.output
         assert (f"{key}: the run directory '{tmp_path / 'photos' / 'cat' / 'run'}' is inside '{root}', where its "
                 "files would be read as images; pass --run-dir outside it") in result.stderr
     assert sorted(os.listdir(tmp_path / "photos" / "cat")) == [f"{i}.png" for i in range(4)]
+    image_tree(tmp_path / "split")  # train/ and val/ are read, not what lies beside them
+    beside = invoke("run", "--dry-run", "--run-dir", tmp_path / "split" / "artifacts", "--set", "data.name=imagefolder",
+                    "--set", f"data.root={tmp_path / 'split'}")
+    assert beside.exit_code == 0, beside.output
 
 
 def test_a_tiny_or_lopsided_folder_runs_end_to_end_and_the_summary_says_what_its_numbers_are_worth(tmp_path):

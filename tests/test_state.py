@@ -138,7 +138,7 @@ def test_a_hand_modified_optional_input_is_left_out_once_not_rerun_every_time(ru
     with caplog.at_level(logging.WARNING):
         state = decide(run, c, STAGES["export"], False, STAGES, 1)
     assert (state.action, state.reason) == (
-        "fresh", f"its optional input {TEACHER} is gone or was modified since it last ran")
+        "fresh", f"its optional input {TEACHER} is not usable now (modified, gone, or its stage unfinished)")
     assert TEACHER not in state.inputs and "teacher:model" not in state.sources
     assert f"export: leaving out {TEACHER} (optional): it was modified after the teacher stage wrote it" in caplog.text
     complete(run, "export", c, ["export/export.json"], inputs=state.inputs)  # ran without it
@@ -185,6 +185,41 @@ def test_editing_the_code_of_your_model_runs_its_stages_again(run, tmp_path, mon
     (tmp_path / "edited_models.py").write_text(source.replace("nn.Flatten(), ", "nn.Flatten(), nn.Dropout(0.1), "))
     assert decide(run, c, STAGES["teacher"], False, STAGES, 1).reason == "the code of model.teacher changed"
     assert "external:code of model.teacher" not in decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).inputs
+
+
+def test_a_checkpoint_written_before_digests_were_followed_still_resumes(run, tmp_path):
+    """The review's point: a resume checkpoint of the previous version has no image digest among its inputs; the
+    interrupted teacher must resume after the upgrade, not start over ("other inputs (images ...) changed")."""
+    from PIL import Image
+
+    for cls in ("cat", "dog"):
+        (tmp_path / "img" / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (4, 4), (i, 0, 0)).save(tmp_path / "img" / cls / f"{i}.png")
+    c = cfg("data.name=imagefolder", f"data.root={tmp_path / 'img'}")
+    run.update_stage("teacher", status="interrupted")
+    checkpoint(run, "teacher", c, epoch=1, step=2, inputs={})
+    state = decide(run, c, STAGES["teacher"], False, STAGES, 1)
+    assert (state.action, state.resume[""].epoch) == ("resume", 1), state.reason
+    checkpoint(run, "teacher", c, epoch=1, step=2, inputs={"external:images in data.root": "0" * 64})
+    assert decide(run, c, STAGES["teacher"], False, STAGES, 1).reason.endswith(
+        "other inputs (images in data.root changed since); starting over")
+
+
+def test_the_code_digest_follows_the_file_that_defines_the_model(tmp_path, monkeypatch):
+    """The review's point: `pkg:net` re-exported by pkg/__init__.py from pkg/nets.py hashed __init__.py."""
+    from compress.models.sources import code_digest
+
+    (tmp_path / "zoo").mkdir()
+    (tmp_path / "zoo" / "__init__.py").write_text("from zoo.nets import net\n")
+    (tmp_path / "zoo" / "nets.py").write_text("import torch.nn as nn\n\ndef net(num_classes):\n"
+                                              "    return nn.Linear(4, num_classes)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = code_digest("zoo:net")
+    assert before == code_digest("zoo:net")
+    assert code_digest("resnet14") == code_digest("torchvision:resnet18") == ""
+    (tmp_path / "zoo" / "nets.py").write_text((tmp_path / "zoo" / "nets.py").read_text() + "# edited\n")
+    assert code_digest("zoo:net") != before
 
 
 def test_a_checkpoint_written_before_an_input_changed_names_the_input(run):

@@ -160,3 +160,14 @@ def test_a_teacher_taken_as_given_whose_head_would_be_new_is_refused(tmp_path, t
     trained = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher", "--dry-run",
                      "--set", f"model.teacher_weights={tmp_path / 'backbone.pth'}", "--set", "teacher.epochs=1")
     assert trained.exit_code == 0, trained.output  # trained, the new head is fine
+
+
+def test_googlenet_weights_with_auxiliary_classifiers_load_into_the_model_built_without_them(tmp_path):
+    """compress builds googlenet/inception_v3 without their training-only auxiliary heads (one tensor of scores);
+    the review's point: torchvision's files, which hold them, were then refused as "unexpected keys: aux1..."."""
+    with_aux = torchvision.models.googlenet(weights=None, aux_logits=True, init_weights=True, num_classes=5)
+    torch.save(with_aux.state_dict(), tmp_path / "googlenet.pth")
+    model = build_model("torchvision:googlenet", (3, 32, 32), 5)
+    note = load_pretrained(model, str(tmp_path / "googlenet.pth"), "model.teacher_weights")
+    assert "its auxiliary classifiers aux1, aux2 left out" in note
+    assert torch.equal(model.state_dict()["fc.weight"], with_aux.state_dict()["fc.weight"])

@@ -49,10 +49,12 @@ def num_classes_of(cfg):
     """How many classes the config's dataset has, without reading images (imagefolder: its class folders)."""
     if cfg.name != "imagefolder":
         return 10
+    from compress.deploy.folders import skipped, split_folders
+
     root = os.path.expanduser(cfg.root)
-    top = os.path.join(root, "train") if os.path.isdir(os.path.join(root, "train")) else root
+    train, _ = split_folders(root)  # the same folders `scan` reads (Train/ in any case; __MACOSX/ is no class)
     try:
-        return max(2, sum(1 for e in os.scandir(top) if e.is_dir() and not e.name.startswith(".")))
+        return max(2, sum(1 for e in os.scandir(train or root) if e.is_dir() and not skipped(e.name)))
     except OSError:
         return 2
 

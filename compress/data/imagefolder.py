@@ -40,7 +40,9 @@ def scan(cfg):
     else:
         tree = train_dir if os.path.isdir(train_dir) else root
         parent = os.path.dirname(os.path.normpath(root))
-        if split_name(os.path.basename(os.path.normpath(root))) and any(split_folders(parent)):
+        here = os.path.basename(os.path.normpath(root))
+        if split_name(here) and any(split_folders(parent)) and any(
+                split_name(e.name) and e.name != here for e in os.scandir(parent) if e.is_dir()):
             notes.append(f"data.root is the {os.path.basename(os.path.normpath(root))}/ folder of {parent}, which has "
                          f"other splits beside it: only this folder is used, split by data.split_seed; point "
                          f"data.root at {parent} to use its splits as given")
@@ -97,8 +99,13 @@ def listing_digest(cfg, key):
         splits = (("unlabeled", [(path, -1) for path in unlabeled_files(cfg)]),)
     for split, items in splits:
         h.update(f"\n{split}:{len(items)}".encode())
+        start = len(os.path.join(root, ""))
         for path, label in items:
-            h.update(f"\n{os.path.relpath(path, root)}\0{os.path.getsize(path)}\0{label}".encode())
+            try:
+                size = os.path.getsize(path)
+            except OSError:  # a dangling link, or removed since the scan
+                raise InputError(f"image '{path}' not found (a broken link?); fix or remove it") from None
+            h.update(f"\n{path[start:]}\0{size}\0{label}".encode())
     return h.hexdigest()
 
 
@@ -129,9 +136,10 @@ def class_tree(root):
         raise InputError(f"data.root: '{root}' must hold one folder per class (<class>/<image>); found {len(names)} "
                          "class folder(s)")
     for name in names:
-        if split_name(name):
-            raise InputError(f"data.root: '{root}' holds a '{name}' folder beside its class folders; use "
-                             f"{root}/train/<class>/ with {root}/val/<class>/, or one folder per class")
+        inside = {e.name for e in os.scandir(os.path.join(root, name)) if e.is_dir()}
+        if split_name(name) and inside & set(names):  # val/cat/ beside cat/: a split, not a class named "val"
+            raise InputError(f"data.root: '{root}' holds a '{name}' folder of class folders beside its class folders; "
+                             f"use {root}/train/<class>/ with {root}/{name}/<class>/, or one folder per class")
         if any(split_folders(os.path.join(root, name))):
             inner = os.path.join(root, name)
             raise InputError(f"data.root: the class folder '{inner}' holds train/ or val/ folders itself: data.root "

@@ -51,8 +51,10 @@ def code_digest(name):
     is not followed."""
     if ":" not in name or name.startswith(TORCHVISION):
         return ""
-    module = sys.modules.get(name.partition(":")[0]) or inspect.getmodule(user_function(name))
-    path = getattr(module, "__file__", None)
+    try:
+        path = inspect.getsourcefile(inspect.unwrap(user_function(name)))  # where it is defined, not re-exported
+    except TypeError:  # a builtin or a class defined in C: nothing of the user's to follow
+        return ""
     if not path or not os.path.isfile(path):
         return ""
     with open(path, "rb") as f:

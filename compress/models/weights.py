@@ -71,6 +71,9 @@ def _load_failure(e):
     return "not a file torch.save wrote, or a damaged one"
 
 
+AUX_HEADS = ("aux1", "aux2", "AuxLogits")  # torchvision googlenet / inception_v3 training-only heads
+
+
 def _is_state_dict(obj):
     return isinstance(obj, dict) and bool(obj) and all(isinstance(k, str) and torch.is_tensor(v)
                                                        for k, v in obj.items())
@@ -192,6 +195,8 @@ def load_pretrained(model, path, key):
     target = model.state_dict()
     heads = head_keys(model)
     state, prefix = _strip_prefix(state, target, heads)
+    aux = sorted({k.split(".")[0] for k in state if k.split(".")[0] in AUX_HEADS and k not in target})
+    state = {k: v for k, v in state.items() if k.split(".")[0] not in aux}  # googlenet/inception, built without
     common = _first_word(state)
     replaced = {k: tuple(state[k].shape) for k in sorted(heads) if k in state and state[k].shape != target[k].shape}
     whole_head_absent = heads and not heads & set(state) and _keys_fit(state, target, heads)
@@ -214,6 +219,8 @@ def load_pretrained(model, path, key):
     note = f"{key}: loaded {os.path.basename(path)}"
     if prefix:
         note += f" (the prefix '{prefix}' stripped from its keys)"
+    if aux:
+        note += f" (its auxiliary classifiers {', '.join(aux)} left out: compress trains without them)"
     weight = next((k for k in replaced if k.endswith("weight")), None)
     if weight:
         note += (f"; its classifier head {weight} {replaced[weight]} was replaced by a new one of shape "

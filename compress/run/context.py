@@ -75,7 +75,7 @@ class StageContext:
         if isinstance(classes, list) and classes != list(data.class_names):  # was: a bare size mismatch, or worse
             raise InputError(f"'{path}' was trained on {_classes(classes)}, but the data now has "
                              f"{_classes(data.class_names)}; run the {stage} stage again on these images (add {stage} "
-                             "to --stages)")
+                             "to --stages; with --force if it says it is up to date)")
         load_into(model, tensors, path)
         return model, meta
 

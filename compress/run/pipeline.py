@@ -18,7 +18,7 @@ from compress.fileio import sha256_file
 from compress.run import preflight, schema
 from compress.run.config import ConfigView, read_yaml
 from compress.run.context import StageContext
-from compress.run.contract import StageResult
+from compress.run.contract import DIGESTS, StageResult
 from compress.run.report import write_report
 from compress.run.rundir import RunDir, RunLock, now, versions
 from compress.run.state import StageState, decide, missing_upstream, stage_states
@@ -51,6 +51,7 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
                     if state.action == "skip":
                         if env.is_main:
                             log.info("%s: up to date, skipped (%s)", name, state.reason)
+                            _record_new_digests(run, name, state.inputs)
                         results[name] = None
                         continue
                     results[name] = _run_stage(run, cfg, env, STAGES[name], state, writer)
@@ -137,6 +138,15 @@ def _check_before_writing(cfg, run, stage_names, world):
     for note in data["notes"]:
         log.warning("data: %s", note)
     return read_yaml(run.config_path) if os.path.isfile(run.config_path) else None
+
+
+def _record_new_digests(run, name, inputs):
+    """A stage that an older version recorded without the digests it did not follow (images, model code) is
+    skipped for them once; they are recorded now, so a later change to the images or the code runs it again."""
+    recorded = (run.manifest()["stages"].get(name) or {}).get("inputs", {})
+    new = {k: v for k, v in inputs.items() if k.startswith(DIGESTS) and k not in recorded}
+    if new:
+        run.update_stage(name, inputs={**recorded, **new})
 
 
 def check_run_dir(run, cfg, stage_names):

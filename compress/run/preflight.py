@@ -17,9 +17,8 @@ def problems(cfg, stage_names, world_size, run_root=None):
     """The list of problems (empty when the run can start); `run_root`: the run directory it would write."""
     found = []
     data = cfg.data
-    for key in ("root", "unlabeled"):
-        folder = getattr(data, key)
-        if run_root and folder and (key == "unlabeled" or data.name == "imagefolder") and _inside(run_root, folder):
+    for key, folder in _image_folders(data, stage_names):
+        if run_root and _inside(run_root, folder):
             found.append(f"data.{key}: the run directory '{run_root}' is inside '{folder}', where its files would "
                          "be read as images; pass --run-dir outside it (or start compress from another folder)")
     if data.root and not data.download and not os.path.isdir(os.path.expanduser(data.root)):
@@ -125,15 +124,19 @@ def _output_problem(model, shape, classes):
     import torch
 
     c, h, w = shape
+    param = next(model.parameters(), None)  # a user's function may hand back a model already on a GPU, or in fp16
+    device = param.device if param is not None else "cpu"
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
     for mode in ("training", "eval"):
         model.train(mode == "training")
         try:
             with torch.no_grad():
-                out = model(torch.zeros(2, *shape))
+                out = model(torch.zeros(2, *shape, device=device, dtype=dtype))
         except Exception as e:  # any error of the user's code: named, with the input it was given
             first = (str(e).strip().splitlines() or [""])[0][:160]
-            return (f"fails on a batch of 2 images of {c}x{h}x{w} in {mode} mode ({type(e).__name__}: {first}); "
-                    "check data.image_size and data.channels against what the model expects")
+            sizes = any(word in first for word in ("size", "shape", "channels", "Expected", "expected"))
+            return (f"fails on a batch of 2 images of {c}x{h}x{w} in {mode} mode ({type(e).__name__}: {first})"
+                    + ("; check data.image_size and data.channels against what the model expects" if sizes else ""))
         if not torch.is_tensor(out):
             return (f"returns a {type(out).__name__} for a batch of 2 images of {c}x{h}x{w} in {mode} mode; compress "
                     f"needs one tensor of class scores, of shape (2, {classes})")
@@ -191,6 +194,22 @@ def _weights_problems(cfg, stage_names, built):
             found.append(f"teacher.epochs: 0 takes the teacher as given, but '{path}' has no classifier head for the "
                          f"data's {num_classes_of(cfg.data)} classes, and a new one would never be trained; set "
                          "teacher.epochs to 1 or more (or give weights whose head has these classes)")
+    return found
+
+
+def _image_folders(data, stage_names):
+    """[(data key, folder)] whose every file this run reads as an image: data.root's train/ and held-out folders
+    (or data.root itself, flat or train/ alone), and data.unlabeled when distill runs."""
+    from compress.deploy.folders import split_folders
+
+    found = []
+    if data.name == "imagefolder" and data.root:
+        root = os.path.expanduser(data.root)
+        train, held_out = split_folders(root)
+        found += [("root", train), ("root", os.path.join(root, held_out))] if train and held_out else [
+            ("root", train or root)]
+    if data.unlabeled and "distill" in stage_names:
+        found.append(("unlabeled", data.unlabeled))
     return found
 
 

@@ -120,7 +120,7 @@ def decide(run, cfg, spec, force, stages, world):
                               **base)
         return StageState(action="fresh", reason="not run yet", announce="running", **base)
     made_with = main.extra["_made_with"]
-    if made_with != {"config_hash": base["config_hash"], "inputs": inputs}:
+    if made_with != {"config_hash": base["config_hash"], "inputs": _as_recorded(inputs, made_with["inputs"])}:
         return StageState(action="fresh", reason=f"its resume checkpoint ({checkpoint_rel(spec.NAME)}) was written by "
                                                  f"an earlier run with {_made_otherwise(made_with, base)}; starting "
                                                  "over", **base)
@@ -132,12 +132,19 @@ def decide(run, cfg, spec, force, stages, world):
     return StageState(action="resume", reason=_resume_reason(entry, resume[""], epochs), resume=resume, **base)
 
 
+def _as_recorded(inputs, recorded):
+    """`inputs` without the digests (images, model code) that `recorded` - written by a version that did not
+    follow them - lacks: upgrading must not discard a checkpoint, nor rerun a finished stage, for them."""
+    return {k: v for k, v in inputs.items() if k in recorded or not k.startswith(DIGESTS)}
+
+
 def _made_otherwise(made_with, base):
     """What differs between a checkpoint's config and inputs and this run's: 'another config' or 'other inputs
     (... changed since)'."""
     if made_with.get("config_hash") != base["config_hash"]:
         return "another config"
     old, new = made_with.get("inputs") or {}, base["inputs"]
+    new = _as_recorded(new, old)
     changed = [k.removeprefix(EXTERNAL) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     return f"other inputs ({', '.join(changed)} changed since)"
 
@@ -189,8 +196,8 @@ def _inputs(run, cfg, spec, entries, states, stages):
         if not item.required and not (present and states[item.stage][0] == "complete"):
             continue
         if not item.required and files_changed(run, entry["outputs"], [rel]):  # else it reruns every time
-            log.warning("%s: leaving out %s (optional): it was modified after the %s stage wrote it; rerun that "
-                        "stage with --force to use it again", spec.NAME, rel, item.stage)
+            log.warning("%s: leaving out %s (optional): it was modified after the %s stage wrote it; restore it, "
+                        "or run the %s stage again, to use it", spec.NAME, rel, item.stage, item.stage)
             continue
         if not present:
             raise InputError(_missing_message(run, entries, item, rel))
@@ -288,7 +295,8 @@ def _changes(run, entry, decision):
             return f"its input {rel.removeprefix(EXTERNAL)} changed"
     for rel in entry.get("inputs", {}):  # an optional input it used is gone or unusable now
         if rel not in decision["inputs"]:
-            return f"its optional input {rel.removeprefix(EXTERNAL)} is gone or was modified since it last ran"
+            return (f"its optional input {rel.removeprefix(EXTERNAL)} is not usable now (modified, gone, or its stage "
+                    "unfinished)")
     for rel, sha in entry.get("outputs", {}).items():
         path = run.path(rel)
         if not os.path.isfile(path) or os.path.islink(path):
