@@ -85,6 +85,16 @@ def test_imagefolder_unreadable_image_names_the_file(tmp_path):
     (tmp_path / "a" / "broken.png").write_bytes(b"not a png")
     with pytest.raises(InputError, match="cannot read image .*broken.png"):
         load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=8"), seed=0)
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (tmp_path / "pages" / split / cls).mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(tmp_path / "pages" / split / cls / "ok.png")
+    for i in range(10):  # ten scraped web pages saved as .jpg: every one is named (was the first four)
+        (tmp_path / "pages" / "train" / "b" / f"page{i}.jpg").write_bytes(b"<html></html>")
+    with pytest.raises(InputError) as info:
+        load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'pages'}", "data.image_size=8"), seed=0)
+    assert "9 more of the 12 files cannot be read either" in str(info.value) and " more\"" not in str(info.value)
+    assert all(f"page{i}.jpg" in str(info.value) for i in range(10))
 
 
 def test_cifar10_without_a_local_copy_says_where_to_put_it(tmp_path):
@@ -135,8 +145,12 @@ def test_folders_as_users_copy_them_mean_what_they_look_like(tmp_path):
     shutil.copy(junk / "cat" / "0.png", junk / "cat" / ".thumbnails" / "0.png")
     (junk / "__MACOSX" / "cat").mkdir(parents=True)
     (junk / "__MACOSX" / "cat" / "._0.png").write_bytes(b"\x00\x05\x16\x07")
+    (junk / "dog" / "IMG_0001.HEIC").write_bytes(b"ftypheic")  # an iPhone photo: not read - and said so
+    (junk / "dog" / "notes.txt").write_text("x")
     classes, train, val, _ = found(junk)
     assert (classes, train + val) == (["cat", "dog"], 10)
+    assert any(n.startswith("skipped 2 file(s) in the class folders that are not images compress reads (1 .heic, 1 "
+                            ".txt)") for n in scan(data_cfg("data.name=imagefolder", f"data.root={junk}"))["notes"])
     assert len(labelled_tree(str(junk), ["cat", "dog"])[1]) == 10
     data = load_data(data_cfg("data.name=imagefolder", f"data.root={junk}", "data.image_size=8"), seed=0)
     assert len(data.train) + len(data.val) == 10

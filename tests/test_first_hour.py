@@ -143,6 +143,9 @@ def test_a_tiny_or_lopsided_folder_runs_end_to_end_and_the_summary_says_what_its
     assert result.exit_code == 0, result.output
     assert "1 validation image(s): each one is 100.0 points of accuracy" in result.stderr
     assert "no validation image of class " in result.stderr and os.path.isfile(tmp_path / "run" / "report.md")
+    scored = invoke("eval", tmp_path / "run", tmp_path / "img")
+    assert scored.exit_code == 0 and "top-1 " in scored.output
+    assert "top-5" not in scored.output  # 100 % by definition with 2 classes
     image_tree(tmp_path / "lopsided", splits=("",), classes=("cat",), count=40)
     image_tree(tmp_path / "lopsided", splits=("",), classes=("dog",), count=2)
     plan = invoke("run", "--dry-run", "--run-dir", tmp_path / "run2", "--set", "data.name=imagefolder", "--set",

@@ -124,9 +124,9 @@ def eval_cmd(model, folder, png, as_json):
     """Measure an exported model's accuracy on a labelled image-folder tree.
 
     MODEL is an .onnx file or a run directory (its recommended file). FOLDER holds one folder per class
-    (<class>/<image>), named like the model's classes; a folder with train/ and val/ (or test/) is evaluated
-    on val/. Prints top-1 and top-5 accuracy, accuracy per class and the confusion matrix (rows: true class,
-    columns: predicted), with the file's own preprocessing.
+    (<class>/<image>), named like the model's classes; a folder with train/ and val/ (or valid/, validation/,
+    test/) is evaluated on that split. Prints top-1 accuracy (and top-5 above 5 classes), accuracy per class and
+    the confusion matrix (rows: true class, columns: predicted), with the file's own preprocessing.
 
     \b
     Examples:
@@ -158,7 +158,8 @@ def eval_cmd(model, folder, png, as_json):
 
 def _print_eval(result, names, root, model_path, png):
     click.echo(f"{model_path} on {root}: {result['images']:,} images")
-    click.echo(f"top-1 {result['top1']:.2f}%   top-5 {result['top5']:.2f}%")
+    five = f"   top-5 {result['top5']:.2f}%" if len(names) > 5 else ""  # 100 % by definition with 5 classes or fewer
+    click.echo(f"top-1 {result['top1']:.2f}%{five}")
     width = max(len(n) for n in names)
     click.echo("\nper class:")
     for name, (acc, count) in result["per_class"].items():

@@ -28,10 +28,10 @@ def scan(cfg):
     root = os.path.expanduser(cfg.root)
     train_dir, held_out = split_folders(root)
     train_dir = train_dir or os.path.join(root, "train")
-    notes = []
+    notes, others = [], Counter()  # files in the class folders that are not images compress reads, by suffix
     if os.path.isdir(train_dir) and held_out:
-        names, train = class_tree(train_dir)
-        val_names, val = class_tree(os.path.join(root, held_out))
+        names, train = class_tree(train_dir, others)
+        val_names, val = class_tree(os.path.join(root, held_out), others)
         _same_classes(root, names, val_names, held_out)
         if cfg.limit:  # a seeded sample of the training folder
             keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.split_seed))[:cfg.limit]
@@ -46,7 +46,7 @@ def scan(cfg):
             notes.append(f"data.root is the {os.path.basename(os.path.normpath(root))}/ folder of {parent}, which has "
                          f"other splits beside it: only this folder is used, split by data.split_seed; point "
                          f"data.root at {parent} to use its splits as given")
-        names, samples = class_tree(tree)
+        names, samples = class_tree(tree, others)
         train_idx, val_idx = _split(len(samples), cfg.val_fraction, cfg.split_seed)
         train_idx = train_idx[:cfg.limit] if cfg.limit else train_idx
         train, val = [samples[i] for i in train_idx], [samples[i] for i in val_idx]
@@ -54,6 +54,10 @@ def scan(cfg):
                  else "one folder per class")
         layout = f"{where}: {cfg.val_fraction:.0%} held out for validation by data.split_seed"
     notes += _balance(names, train, val)
+    if others:
+        kinds = ", ".join(f"{n:,} {suffix}" for suffix, n in others.most_common(5))
+        notes.append(f"skipped {sum(others.values()):,} file(s) in the class folders that are not images compress "
+                     f"reads ({kinds}); it reads {', '.join(IMAGE_EXTENSIONS)} - convert the others to use them")
     return {"layout": layout, "classes": names, "train": train, "val": val, "notes": notes}
 
 
@@ -127,10 +131,11 @@ def load_imagefolder(cfg, seed):
     return subset(found["train"], augment), subset(found["val"], None), tuple(found["classes"]), how
 
 
-def class_tree(root):
+def class_tree(root, others=None):
     """(class names, [(path, class index)]) of root/<class>/<image> - the order torchvision's ImageFolder uses
     (classes sorted; files by sorted os.walk, then name), hidden files and junk folders left out - refusing fewer
-    than 2 classes, an empty one, and a tree that is one level too high (a "class" holding train/ or val/)."""
+    than 2 classes, an empty one, and a tree that is one level too high (a "class" holding train/ or val/).
+    `others` (a Counter) counts the files by suffix that are no image it reads (.heic, .gif, .txt)."""
     names = sorted(e.name for e in os.scandir(root) if e.is_dir() and not skipped(e.name))
     if len(names) < 2:
         raise InputError(f"data.root: '{root}' must hold one folder per class (<class>/<image>); found {len(names)} "
@@ -146,8 +151,11 @@ def class_tree(root):
                              f"is one level too high; set data.root={inner}")
     samples = []
     for index, name in enumerate(names):
-        files = [os.path.join(folder, f) for folder, fs in _walk(os.path.join(root, name))
-                 for f in sorted(fs) if not skipped(f) and f.lower().endswith(IMAGE_EXTENSIONS)]
+        listed = [(folder, f) for folder, fs in _walk(os.path.join(root, name)) for f in sorted(fs) if not skipped(f)]
+        files = [os.path.join(folder, f) for folder, f in listed if f.lower().endswith(IMAGE_EXTENSIONS)]
+        if others is not None:
+            others.update(os.path.splitext(f)[1].lower() or f for _, f in listed
+                          if not f.lower().endswith(IMAGE_EXTENSIONS))
         if not files:
             raise InputError(f"data.root: class folder '{os.path.join(root, name)}' holds no images (.jpg, .png, "
                              "...); add images or remove the folder")

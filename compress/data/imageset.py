@@ -176,14 +176,17 @@ def _raise_unreadable(bad, total):
         raise InputError(unreadable_sentence(bad, total))
 
 
+SHOWN = 20  # unreadable files named in one error: every one, for the few a folder usually has
+
+
 def unreadable_sentence(bad, total):
     """One sentence for [(path, its error)] of `total` files: the first error in full, then how many more and
     which (the first few), so one run names every file to fix, not one per run."""
     first = bad[0][1]
     if len(bad) == 1:
         return first
-    shown = ", ".join(f"'{p}'" for p, _ in bad[1:4])
-    more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+    shown = ", ".join(f"'{p}'" for p, _ in bad[1:SHOWN])  # was 3: ten scraped HTML files named four of them
+    more = f" and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
     return f"{first}; {len(bad) - 1} more of the {total:,} files cannot be read either: {shown}{more}"
 
 
