@@ -68,8 +68,9 @@ class DataConfig:
     crop_scale: tuple[float, ...] = _f((0.25, 1.0), "random_resized_crop: range of the crop's share of the image area")
     eval_crop: float = _f(1.0, "validation and deployment: resize the shorter side to image_size / eval_crop, then "
                                "centre-crop image_size (0.875 is the ImageNet convention)")
-    cache_mb: int = _f(1024, "imagefolder: decode the images once and keep them in memory when they fit in this many "
-                             "MB per process; else (or 0) decode every batch")
+    cache_mb: int = _f(1024, "imagefolder: decode the images once and keep them in memory up to this many MB for "
+                             "each set (training, validation, unlabelled) in each process; the rest (all, with 0) "
+                             "are decoded every batch")
     limit: Optional[int] = _f(None, "use only this many samples of the train split (quick trials)")
     unlabeled: Optional[str] = _f(None, "a folder of images without labels (nested folders allowed) that the distill "
                                         "stage trains on too: distillation losses there, cross-entropy where a "
