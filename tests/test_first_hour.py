@@ -146,6 +146,8 @@ def test_a_tiny_or_lopsided_folder_runs_end_to_end_and_the_summary_says_what_its
     scored = invoke("eval", tmp_path / "run", tmp_path / "img")
     assert scored.exit_code == 0 and "top-1 " in scored.output
     assert "top-5" not in scored.output  # 100 % by definition with 2 classes
+    assert f"warning: '{tmp_path / 'img'}' holds the images this model was trained on (data.root of " \
+        f"{tmp_path / 'run'}): the accuracy below is not a held-out one" in scored.stderr
     image_tree(tmp_path / "lopsided", splits=("",), classes=("cat",), count=40)
     image_tree(tmp_path / "lopsided", splits=("",), classes=("dog",), count=2)
     plan = invoke("run", "--dry-run", "--run-dir", tmp_path / "run2", "--set", "data.name=imagefolder", "--set",

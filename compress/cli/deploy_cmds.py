@@ -63,6 +63,29 @@ def _warn_if_unverified(run_dir, *files):
                    f"{'them' if len(changed) > 1 else 'it'}; {fix}", err=True)
 
 
+def _warn_if_training_images(model, root):
+    """Say when the folder eval scores holds the images the model's run trained on: its flat data.root (split by
+    seed: most of it is training images) or its train/ folder - that accuracy is not a held-out one."""
+    from compress.deploy.evaluate import run_of
+    from compress.deploy.folders import split_folders
+    from compress.errors import CompressError
+    from compress.run.config import read_yaml
+
+    run = run_of(model) if os.path.isdir(model) else os.path.dirname(os.path.dirname(os.path.abspath(model)))
+    try:
+        data = (read_yaml(os.path.join(run, "config.yaml")) or {}).get("data") or {}
+    except (CompressError, OSError, AttributeError):
+        return
+    if data.get("name") != "imagefolder" or not data.get("root"):
+        return
+    trained = os.path.expanduser(str(data["root"]))
+    train, held_out = split_folders(trained)
+    trained = train if train and held_out else (train or trained)
+    if os.path.isdir(trained) and os.path.realpath(root) == os.path.realpath(trained):
+        click.echo(f"warning: '{root}' holds the images this model was trained on (data.root of {run}): the "
+                   "accuracy below is not a held-out one; evaluate on images it has not seen", err=True)
+
+
 @cli.command()
 @click.argument("model", type=click.Path())
 @click.argument("images", nargs=-1, required=True)
@@ -142,6 +165,7 @@ def eval_cmd(model, folder, png, as_json):
     onnx_model = _model(model)
     names = onnx_model.class_names()
     root, samples = labelled_tree(folder, list(onnx_model.meta["class_names"]))
+    _warn_if_training_images(model, root)
     result = evaluate_tree(onnx_model, samples)
     for path, error in result["skipped"]:
         click.echo(f"skipped: {error}", err=True)
