@@ -188,6 +188,20 @@ def _channel_hint(model, state, target):
             f"data.channels={n} (an imagefolder dataset) or use weights made for {m}-channel images")
 
 
+def _stem_hint(model, state, target):
+    """The sentence for weights that fit the model but for the first convolution's kernel (torchvision's ImageNet
+    resnet18, 7x7, into compress's registry resnet18, whose stem is 3x3 for small images), or ''."""
+    k = _first_conv_weight(model)
+    if k is None or k not in state or set(state) != set(target) or state[k].dim() != 4:
+        return ""
+    if any(state[n].shape != v.shape for n, v in target.items() if n != k) or state[k].shape[:2] != target[k].shape[:2]:
+        return ""
+    theirs, ours = "x".join(map(str, state[k].shape[2:])), "x".join(map(str, target[k].shape[2:]))
+    return (f"the weights' first convolution is {theirs} and this model's {ours}: they were made for another variant "
+            "of this architecture (torchvision's ImageNet weights need the torchvision:<name> model, not the "
+            "registry's small-image one)")
+
+
 def load_pretrained(model, path, key):
     """Load a weights file into `model`; a classifier head of another size, or none in the file, leaves the
     model's own (fresh) head. Returns a one-line description of what was loaded."""
@@ -206,7 +220,7 @@ def load_pretrained(model, path, key):
     problem = key_mismatch(target, state, "wrong shape", lambda t, v: t.shape != v.shape,
                            lambda k, v: f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}")
     if problem:
-        hint = _channel_hint(model, state, target)
+        hint = _channel_hint(model, state, target) or _stem_hint(model, state, target)
         if hint:
             raise InputError(f"{key}: '{path}' does not fit this model ({problem}): {hint}")
         if common and not any(k.startswith(common) for k in target):
