@@ -147,6 +147,7 @@ def test_folders_as_users_copy_them_mean_what_they_look_like(tmp_path):
     (junk / "__MACOSX" / "cat" / "._0.png").write_bytes(b"\x00\x05\x16\x07")
     (junk / "dog" / "IMG_0001.HEIC").write_bytes(b"ftypheic")  # an iPhone photo: not read - and said so
     (junk / "dog" / "notes.txt").write_text("x")
+    (junk / "dog" / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0")  # Windows' thumbnail cache: no data, not counted
     classes, train, val, _ = found(junk)
     assert (classes, train + val) == (["cat", "dog"], 10)
     assert any(n.startswith("skipped 2 file(s) in the class folders that are not images compress reads (1 .heic, 1 "

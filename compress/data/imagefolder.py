@@ -57,7 +57,8 @@ def scan(cfg):
     if others:
         kinds = ", ".join(f"{n:,} {suffix}" for suffix, n in others.most_common(5))
         notes.append(f"skipped {sum(others.values()):,} file(s) in the class folders that are not images compress "
-                     f"reads ({kinds}); it reads {', '.join(IMAGE_EXTENSIONS)} - convert the others to use them")
+                     f"reads ({kinds}); images in another format must be converted to one of "
+                     f"{', '.join(IMAGE_EXTENSIONS)}")
     return {"layout": layout, "classes": names, "train": train, "val": val, "notes": notes}
 
 

@@ -5,7 +5,7 @@ by training (`compress.data.imagefolder`) and `compress eval`/`predict`, so a fo
 import os
 
 SPLIT_FOLDERS = ("val", "valid", "validation", "test")  # the held-out split's folder, in this order of preference
-JUNK_FOLDERS = ("__MACOSX", "@eaDir", "$RECYCLE.BIN", "System Volume Information")  # copied along, never images
+JUNK = ("__MACOSX", "@eaDir", "$RECYCLE.BIN", "System Volume Information", "Thumbs.db", "desktop.ini")  # never data
 
 
 def split_name(name):
@@ -16,8 +16,9 @@ def split_name(name):
 
 def skipped(name):
     """Folders and files a dataset copy carries that are no data: hidden ones (.DS_Store, macOS's ._photo.jpg
-    AppleDouble files, .thumbnails/), and the junk folders of archivers and NAS boxes (__MACOSX/, @eaDir/)."""
-    return name.startswith(".") or name in JUNK_FOLDERS
+    AppleDouble files, .thumbnails/), and what archivers, NAS boxes and Windows leave (__MACOSX/, @eaDir/,
+    Thumbs.db)."""
+    return name.startswith(".") or name in JUNK
 
 
 def split_folders(root):
