@@ -49,12 +49,12 @@ def num_classes_of(cfg):
     """How many classes the config's dataset has, without reading images (imagefolder: its class folders)."""
     if cfg.name != "imagefolder":
         return 10
-    from compress.deploy.folders import skipped, split_folders
+    from compress.deploy.folders import class_folders, split_folders
 
     root = os.path.expanduser(cfg.root)
     train, _ = split_folders(root)  # the same folders `scan` reads (Train/ in any case; __MACOSX/ is no class)
     try:
-        return max(2, sum(1 for e in os.scandir(train or root) if e.is_dir() and not skipped(e.name)))
+        return max(2, len(class_folders(train or root)))
     except OSError:
         return 2
 

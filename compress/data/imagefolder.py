@@ -12,7 +12,7 @@ from compress.data.builtin import _split, augment_of
 from compress.data.imageset import UNLABELLED, FileImages, ImageSet, unreadable_sentence
 from compress.data.registry import input_shape_of
 from compress.deploy import imageio
-from compress.deploy.folders import skipped, split_folders, split_name
+from compress.deploy.folders import class_folders, skipped, split_folders, split_name
 from compress.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def class_tree(root, others=None):
     (classes sorted; files by sorted os.walk, then name), hidden files and junk folders left out - refusing fewer
     than 2 classes, an empty one, and a tree that is one level too high (a "class" holding train/ or val/).
     `others` (a Counter) counts the files by suffix that are no image it reads (.heic, .gif, .txt)."""
-    names = sorted(e.name for e in os.scandir(root) if e.is_dir() and not skipped(e.name))
+    names = class_folders(root)
     if len(names) < 2:
         raise InputError(f"data.root: '{root}' must hold one folder per class (<class>/<image>); found {len(names)} "
                          "class folder(s)")

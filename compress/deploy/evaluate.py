@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from compress.deploy.folders import skipped, split_folders
+from compress.deploy.folders import class_folders, skipped, split_folders
 from compress.errors import InputError
 from compress.fileio import read_json
 
@@ -93,7 +93,7 @@ def labelled_tree(root, class_names):
     train, held_out = split_folders(root)
     if train and held_out:
         root = os.path.join(root, held_out)
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not skipped(e.name))
+    classes = class_folders(root)
     if not classes:
         raise InputError(f"'{root}' holds no class folders; eval needs <class>/<image> folders named like the "
                          f"model's classes ({_some(class_names, 5)})")

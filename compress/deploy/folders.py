@@ -21,6 +21,11 @@ def skipped(name):
     return name.startswith(".") or name in JUNK
 
 
+def class_folders(root):
+    """The class folders under `root`, sorted (torchvision's order), hidden and junk folders left out."""
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not skipped(e.name))
+
+
 def split_folders(root):
     """(train folder, held-out folder name) that `root` holds, either None: train/ and val/, valid/, validation/
     or test/ (the first of these there is), matched in any case (Train/, Val/)."""

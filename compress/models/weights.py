@@ -71,6 +71,7 @@ def _load_failure(e):
     return "not a file torch.save wrote, or a damaged one"
 
 
+NEW_HEAD = "trained from scratch"  # in load_pretrained's note when the file gave the model no head of its own
 AUX_HEADS = ("aux1", "aux2", "AuxLogits")  # torchvision googlenet / inception_v3 training-only heads
 
 
@@ -238,9 +239,9 @@ def load_pretrained(model, path, key):
     weight = next((k for k in replaced if k.endswith("weight")), None)
     if weight:
         note += (f"; its classifier head {weight} {replaced[weight]} was replaced by a new one of shape "
-                 f"{tuple(target[weight].shape)} (trained from scratch)")
+                 f"{tuple(target[weight].shape)} ({NEW_HEAD})")
     elif absent:
         shown = next((k for k in absent if k.endswith("weight")), absent[0])
         note += (f"; it holds no classifier head ({', '.join(absent)}), so a new one of shape "
-                 f"{tuple(target[shown].shape)} is trained from scratch")
+                 f"{tuple(target[shown].shape)} is {NEW_HEAD}")
     return note

@@ -176,7 +176,7 @@ def _weights_problems(cfg, stage_names, built):
     starts, after the stages before it have trained (the distill stage reads model.student_weights after the
     teacher's hours). Loads into the throwaway models `built` by _model_problems."""
     from compress.errors import InputError
-    from compress.models.weights import load_pretrained
+    from compress.models.weights import NEW_HEAD, load_pretrained
 
     found = []
     for key, stage in (("model.teacher", "teacher"), ("model.student", "distill")):
@@ -188,7 +188,7 @@ def _weights_problems(cfg, stage_names, built):
         except InputError as e:
             found.append(str(e))
             continue
-        if key == "model.teacher" and cfg.teacher.epochs == 0 and "trained from scratch" in note:
+        if key == "model.teacher" and cfg.teacher.epochs == 0 and NEW_HEAD in note:
             from compress.data.datasets import num_classes_of
 
             found.append(f"teacher.epochs: 0 takes the teacher as given, but '{path}' has no classifier head for the "

@@ -283,14 +283,11 @@ def _changes(run, entry, decision):
     if entry.get("config_hash") != decision["config_hash"]:
         keys = _diff_keys(entry.get("config") or {}, decision["config"])
         return f"config changed ({', '.join(keys[:4]) or 'config'})"
-    for rel, sha in decision["inputs"].items():
+    for rel, sha in _as_recorded(decision["inputs"], entry.get("inputs", {})).items():
         if entry.get("inputs", {}).get(rel) != sha:
-            if rel.startswith(DIGESTS):  # a stage recorded before versions followed these: not rerun for it
-                if rel not in entry.get("inputs", {}):
-                    continue
-                if rel.startswith(DIGESTS[0]):
-                    return (f"the {rel.removeprefix(EXTERNAL)} changed (images added, removed, renamed, moved or "
-                            "replaced)")
+            if rel.startswith(DIGESTS[0]):
+                return f"the {rel.removeprefix(EXTERNAL)} changed (images added, removed, renamed, moved or replaced)"
+            if rel.startswith(DIGESTS[1]):
                 return f"the {rel.removeprefix(EXTERNAL)} changed"
             return f"its input {rel.removeprefix(EXTERNAL)} changed"
     for rel in entry.get("inputs", {}):  # an optional input it used is gone or unusable now
