@@ -1,6 +1,7 @@
 """Users' own images: an image-folder tree (root/train/<class>/ with root/val/<class>/ or test/, or one flat
 root/<class>/ tree split by seed), and a folder of unlabelled images for distillation (nested folders allowed)."""
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -20,11 +21,47 @@ log = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
 
 
+_listed = None  # {(what, folder, settings): result} while `listed_once()` holds it
+
+
+@contextlib.contextmanager
+def listed_once():
+    """Within it each folder is listed once: the scan of data.root, the files of data.unlabeled and their digests
+    are kept, so a run of four stages lists 1.28 M images once instead of at each stage's decision and load (9
+    scans and 4 digests of data.root), and every stage trains on the listing its decision recorded. Images
+    added while a run is going count at the next run, which sees that the listing changed."""
+    global _listed
+    outer = _listed
+    _listed = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _listed = outer
+
+
+def _once(key, compute):
+    """compute(), or its result for `key` kept by `listed_once()` (errors are not kept: they are raised again)."""
+    if _listed is None:
+        return compute()
+    if key not in _listed:
+        _listed[key] = compute()
+    return _listed[key]
+
+
+def _root_key(cfg):
+    return (os.path.abspath(os.path.expanduser(cfg.root)), cfg.val_fraction, cfg.split_seed, cfg.limit)
+
+
 def scan(cfg):
     """The layout of data.root without decoding an image: {"layout": words, "classes": names, "train" and "val":
     [(path, class index)], "notes": [warnings]}. Three layouts: root/train/ with root/val/ (or test/) used as
     given; root/train/ alone, split by data.split_seed; a flat root/<class>/ tree, split likewise. Every problem
-    a user can make here (too few classes, an empty class, splits with other classes) is an InputError now."""
+    a user can make here (too few classes, an empty class, splits with other classes) is an InputError now.
+    The result is shared within `listed_once()`: do not change it."""
+    return _once(("scan",) + _root_key(cfg), lambda: _scan(cfg))
+
+
+def _scan(cfg):
     root = os.path.expanduser(cfg.root)
     train_dir, held_out = split_folders(root)
     train_dir = train_dir or os.path.join(root, "train")
@@ -93,6 +130,11 @@ def listing_digest(cfg, key):
     same folder copied elsewhere does not. '' when data.root is not an image folder (a built-in dataset)."""
     if key == "root" and cfg.name != "imagefolder":
         return ""
+    what = _root_key(cfg) if key == "root" else (os.path.abspath(os.path.expanduser(cfg.unlabeled)),)
+    return _once(("digest", key) + what, lambda: _listing_digest(cfg, key))
+
+
+def _listing_digest(cfg, key):
     h = hashlib.sha256()
     if key == "root":
         found = scan(cfg)
@@ -212,6 +254,10 @@ def image_files(root):
 
 def unlabeled_files(cfg):
     """The image files under data.unlabeled, or one clear error: the folder is missing, or holds no image."""
+    return _once(("unlabeled", os.path.abspath(os.path.expanduser(cfg.unlabeled))), lambda: _unlabeled_files(cfg))
+
+
+def _unlabeled_files(cfg):
     root = os.path.expanduser(cfg.unlabeled)
     if not os.path.isdir(root):
         raise InputError(f"data.unlabeled: folder '{cfg.unlabeled}' does not exist; point it at a folder of images")

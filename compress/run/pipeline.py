@@ -13,6 +13,7 @@ import time
 
 import yaml
 
+from compress.data.imagefolder import listed_once
 from compress.errors import CompressError, InputError, Interrupted, StageFailed
 from compress.fileio import sha256_file
 from compress.run import preflight, schema
@@ -38,7 +39,7 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
     a bad config, a missing or corrupt input, or a checkpoint of the wrong model leaves every file as it was.
     """
     run = RunDir(run_root)
-    with interrupt.graceful_stop(), dist.process_group(cfg.train.device, cfg.train.threads) as env:
+    with interrupt.graceful_stop(), dist.process_group(cfg.train.device, cfg.train.threads) as env, listed_once():
         saved = dist.on_main(env, _check_before_writing, cfg, run, stage_names, env.world)
         with _run_lock(run, env), _RunLog(run, env) as run_log:
             writer = _ConfigWriter(run, cfg, saved, run_log)
@@ -255,9 +256,13 @@ def _run_stage(run, cfg, env, spec, stage_state, writer):
 def plan(cfg, run_root, stage_names, force=False, world=1):
     """What `run_pipeline` would do, writing nothing: the data summary, then (stage, action, why) per stage,
     action being skip, run or resume. A stage whose upstream runs first runs too (its input will change)."""
+    with listed_once():
+        return _plan(cfg, RunDir(run_root), stage_names, force, world)
+
+
+def _plan(cfg, run, stage_names, force, world):
     from compress.run.contract import Input
 
-    run = RunDir(run_root)
     data = preflight.check(cfg, stage_names, world, run_root=run.root)
     check_run_dir(run, cfg, stage_names)
     rows, running = [], {}
