@@ -295,6 +295,36 @@ def test_mnist5k_read_from_the_file_equals_mlxtends_loader():
     assert torch.equal(labels, torch.from_numpy(y).long())
 
 
+def test_the_store_key_is_the_one_os_path_gave_file_by_file(tmp_path, monkeypatch):
+    """The fingerprint now makes paths once per folder, not once per file (1.28 M files: 15 s -> 6 s). The key must
+    stay the one abspath, commonpath and relpath of every file gave, or an upgrade would rebuild every user's
+    teacher-output store: relative and absolute paths, nested folders, one file."""
+    import hashlib
+
+    from compress.data.imageset import FileImages
+
+    for rel in ("a/x.png", "a/b/y.png", "a/b/c/z.png", "d/w.png"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(rel.encode() * 3)
+    monkeypatch.chdir(tmp_path / "a")
+
+    def by_hand(files):
+        h = hashlib.sha256()
+        paths = [os.path.abspath(p) for p in files]
+        root = os.path.commonpath(paths) if len(paths) > 1 else os.path.dirname(paths[0])
+        for path in paths:
+            h.update(f"{os.path.relpath(path, root)}|{os.stat(path).st_size}\n".encode())
+        for path in paths:  # every file's bytes: far under FINGERPRINT_BYTES
+            h.update(hashlib.sha256(open(path, "rb").read()).digest())
+        return h.hexdigest()
+
+    for files in (["x.png", "b/y.png", "./b/c/z.png"], ["b/c/z.png", str(tmp_path / "d" / "w.png"), "../a/x.png"],
+                  ["b/y.png"], [str(tmp_path / "a" / "b" / "y.png"), str(tmp_path / "a" / "b" / "c" / "z.png")]):
+        h = hashlib.sha256()
+        FileImages(files, (3, 4, 4), None).fingerprint(h)
+        assert h.hexdigest() == by_hand(files), files
+
+
 def test_the_store_key_of_an_image_folder_follows_its_images_not_where_or_when_they_were_copied(tmp_path):
     """The teacher-output store is keyed by the training set's fingerprint: a copy of the same images elsewhere
     with new modification times (a node's local disk, a re-synced share) must keep the key, and a changed image

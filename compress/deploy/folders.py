@@ -32,9 +32,7 @@ def split_folders(root):
     if not os.path.isdir(root):
         return None, None
     found = {}
-    for e in sorted(os.scandir(root), key=lambda e: e.name):
-        split = split_name(e.name)
-        if split and e.is_dir():
-            found.setdefault(split, e.name)
+    for name in sorted(e.name for e in os.scandir(root) if split_name(e.name) and e.is_dir()):
+        found.setdefault(split_name(name), name)
     held_out = next((found[s] for s in SPLIT_FOLDERS if s in found), None)
     return (os.path.join(root, found["train"]) if "train" in found else None), held_out
