@@ -296,11 +296,13 @@ def test_predict_takes_folders_and_globs_and_skips_what_it_cannot_read(finished_
     for i in range(3):
         Image.fromarray((grey[i] * 255 / 16).astype(np.uint8)).save(tmp_path / "imgs" / "sub" / f"{i}.png")
     (tmp_path / "imgs" / "broken.png").write_bytes(b"not an image")
-    result = invoke("predict", finished_run, tmp_path / "imgs", str(tmp_path / "imgs" / "sub" / "*.png"))
+    result = invoke("predict", finished_run, tmp_path / "imgs", str(tmp_path / "imgs" / "sub" / "*.png"),
+                    tmp_path / "photos")
     assert result.exit_code == 2
     assert result.stdout.count(": ") == 6  # three images from the folder, three from the glob
     assert f"skipped: cannot read image '{tmp_path / 'imgs' / 'broken.png'}'" in result.stderr
-    assert "error: 1 of 7 image(s) could not be read" in result.stderr
+    assert f"skipped: '{tmp_path / 'photos'}' not found (no such file or folder)" in result.stderr  # was: "image"
+    assert "error: 2 of 8 image(s) could not be read" in result.stderr
     assert "using model.int8.onnx, as export recommends" in result.stderr
 
 

@@ -55,7 +55,7 @@ def open_image(path, max_pixels=None, decode=True):
                 im.close()
             return im
     except FileNotFoundError:
-        raise InputError(f"image '{path}' not found") from None
+        raise InputError(f"'{path}' not found (no such file or folder)") from None
     except IsADirectoryError:
         raise InputError(f"image '{path}' is a directory, not an image file") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
