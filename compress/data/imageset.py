@@ -335,10 +335,12 @@ class ImageSet(torch.utils.data.Dataset):
     def fingerprint(self):
         """What determines the pixels a model is given (the images, their shape and resize rule, the
         normalisation), as 16 hex digits: the data part of the teacher-output store's key."""
-        h = hashlib.sha256(json.dumps({"shape": self.image_shape, "rule": self.rule,
-                                       "mean": None if self.mean is None else self.mean.flatten().tolist(),
-                                       "std": None if self.std is None else self.std.flatten().tolist()},
-                                      sort_keys=True).encode())
+        what = {"shape": self.image_shape, "rule": self.rule,
+                "mean": None if self.mean is None else self.mean.flatten().tolist(),
+                "std": None if self.std is None else self.std.flatten().tolist()}
+        if self.rule and self.rule["shorter_side"] != self.rule["height"]:
+            what["zoom"] = "every image"  # since images already at the model's size are zoomed too (eval_crop < 1)
+        h = hashlib.sha256(json.dumps(what, sort_keys=True).encode())
         self.storage.fingerprint(h)
         return h.hexdigest()[:16]
 

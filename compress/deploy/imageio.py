@@ -98,16 +98,14 @@ def resize_and_crop(im, rule):
     from PIL import Image
 
     w, h = im.size
-    short = rule["shorter_side"]
+    scale = rule["shorter_side"] / min(w, h)  # also for an image already at the model's size: with data.eval_crop
+    size = (max(rule["width"], int(round(w * scale))), max(rule["height"], int(round(h * scale))))  # < 1 it is
+    if size != (w, h):  # zoomed and cropped like any other, as the file's metadata (and the README snippet) say
+        im = im.resize(size, Image.BILINEAR)
+    w, h = im.size
+    left, top = (w - rule["width"]) // 2, (h - rule["height"]) // 2
     if (w, h) != (rule["width"], rule["height"]):
-        scale = short / min(w, h)
-        size = (max(rule["width"], int(round(w * scale))), max(rule["height"], int(round(h * scale))))
-        if size != (w, h):
-            im = im.resize(size, Image.BILINEAR)
-        w, h = im.size
-        left, top = (w - rule["width"]) // 2, (h - rule["height"]) // 2
-        if (w, h) != (rule["width"], rule["height"]):
-            im = im.crop((left, top, left + rule["width"], top + rule["height"]))
+        im = im.crop((left, top, left + rule["width"], top + rule["height"]))
     return im
 
 
