@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -578,6 +579,30 @@ def config_slice(cfg, keys):
 def section_hash(cfg, keys):
     """Stable hash of `config_slice(cfg, keys)`: what decides whether a finished stage is still up to date."""
     blob = json.dumps(config_slice(cfg, keys), sort_keys=True, allow_nan=False).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+NO_RESULT = ("cache_mb", "download")  # data keys that say how images are held or fetched, never which they are
+COVERED_BY_LISTING = ("val_fraction", "split_seed", "limit")  # an image folder's listing digest holds their effect
+
+
+def result_hash(cfg, keys, images_followed):
+    """A hash of the stage's config slice as far as it can change the stage's result: without data.cache_mb and
+    data.download, data.root and data.unlabeled as the folders they name (a trailing slash, a relative path or a
+    link to the same folder is the same folder), data.flip's default as it resolves, and - where the images'
+    listing digest is an input (`images_followed`) - without the keys whose effect that digest already holds.
+    Recorded beside `section_hash`: a completed stage whose config differs only in these is up to date."""
+    picked = config_slice(cfg, keys)
+    data = picked.get("data")
+    if isinstance(data, dict):
+        for key in NO_RESULT + (COVERED_BY_LISTING if images_followed and data.get("name") == "imagefolder" else ()):
+            data.pop(key, None)
+        for key in ("root", "unlabeled"):
+            if data.get(key):
+                data[key] = os.path.realpath(os.path.expanduser(data[key]))
+        if data.get("flip") is None and "name" in data:
+            data["flip"] = data["name"] in ("imagefolder", "cifar10")
+    blob = json.dumps(picked, sort_keys=True, allow_nan=False).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -81,7 +81,8 @@ class StageContext:
 
     def weights_metadata(self, model_name, data, parent=None):
         """Metadata stored with a stage's final weights: enough to rebuild the model and its preprocessing."""
-        return {"stage": self.stage, "model": model_name, "config_hash": self.state.config_hash,
+        return {"stage": self.stage, "model": model_name, "result_hash": self.state.result_hash,  # not config_hash:
+                # a setting that cannot change the weights (data.cache_mb) leaves the file byte for byte the same
                 "parent_sha256": parent or "", "input_shape": list(data.input_shape),
                 "class_names": list(data.class_names), "mean": list(data.mean), "std": list(data.std),
                 "dataset": data.name, "compress_version": __version__}
@@ -122,7 +123,8 @@ class StageContext:
                 sums = reduce_sums(env, sums)
             if env.is_main:
                 save_training_state(path, modules, optimizer, {
-                    "stage": self.stage, "config_hash": self.state.config_hash, "inputs": self.state.inputs,
+                    "stage": self.stage, "config_hash": self.state.config_hash, "result_hash": self.state.result_hash,
+                    "inputs": self.state.inputs,
                     "epoch": epoch, "step": step, "history": history, "running": sums, "world_size": env.world,
                     "best_val_acc": max((h["val_acc"] for h in history), default=None),
                     # the learning rate is a pure function of the global step and the RNG is re-seeded from

@@ -216,7 +216,7 @@ class _StageRun:
             self.writer.stage_began(self.spec)
             d = self.state
             self.run.update_stage(self.spec.NAME, status="running", config_hash=d.config_hash, config=d.config,
-                                  inputs=d.inputs, outputs={}, started=now(), finished=None,
+                                  result_hash=d.result_hash, inputs=d.inputs, outputs={}, started=now(), finished=None,
                                   world_size=self.env.world, device=str(self.env.device), versions=versions(),
                                   message=None)
         if not self.spec.RANK0_ONLY:

@@ -131,8 +131,8 @@ def manifest_problem(data):
                 return f"stage '{name}' has malformed {key} (expected run-relative path -> sha256)"
             if any(os.path.isabs(rel) or ".." in rel.split("/") for rel in files if not rel.startswith("external:")):
                 return f"stage '{name}' names a file outside the run directory in its {key}"
-        for key, types in (("config_hash", str), ("config", dict), ("metrics", dict), ("seconds", (int, float)),
-                           ("world_size", int), ("message", str)):
+        for key, types in (("config_hash", str), ("result_hash", str), ("config", dict), ("metrics", dict),
+                           ("seconds", (int, float)), ("world_size", int), ("message", str)):
             if entry.get(key) is not None and (not isinstance(entry[key], types) or isinstance(entry[key], bool)):
                 return f"stage '{name}' has a malformed \"{key}\""
         if entry.get("status") == "complete" and not isinstance(entry.get("metrics"), dict):

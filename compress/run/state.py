@@ -16,7 +16,7 @@ from typing import Optional
 
 from compress.errors import CompressError, InputError
 from compress.fileio import sha256_file
-from compress.run.config import ConfigView, config_slice, section_hash
+from compress.run.config import ConfigView, config_slice, result_hash, section_hash
 from compress.run.contract import DIGESTS, EXTERNAL, Code, File, Images
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class StageState:
     sources: dict  # "stage:output" -> run-relative path of each declared input present
     resume: dict = dataclasses.field(default_factory=dict)  # part -> Resume (only when action == "resume")
     announce: str = ""  # the live log's line when the stage starts, where it differs from `reason`
+    result_hash: str = ""  # `config.result_hash`: the config as far as it changes the result
 
     @property
     def headline(self):
@@ -85,7 +86,8 @@ def read_resume(run, stage, part="", epochs=None):
     problem = resume_state_problem(state, epochs)
     if problem:
         return None, f"the resume checkpoint is damaged ({problem})"
-    made_with = {"config_hash": state.get("config_hash"), "inputs": state.get("inputs", {})}
+    made_with = {"config_hash": state.get("config_hash"), "inputs": state.get("inputs", {}),
+                 "result_hash": state.get("result_hash")}
     extra = dict(state.get("extra") or {}, _made_with=made_with)
     return Resume(rel, state["epoch"], state["step"], state.get("world_size"), extra), None
 
@@ -97,7 +99,8 @@ def decide(run, cfg, spec, force, stages, world):
     states = stage_states(run, stages, manifest)
     inputs, sources = _inputs(run, cfg, spec, entries, states, stages)
     base = {"stage": spec.NAME, "config_hash": section_hash(cfg, spec.CONFIG_KEYS),
-            "config": config_slice(cfg, spec.CONFIG_KEYS), "inputs": inputs, "sources": sources}
+            "config": config_slice(cfg, spec.CONFIG_KEYS), "inputs": inputs, "sources": sources,
+            "result_hash": result_hash(cfg, spec.CONFIG_KEYS, f"{DIGESTS[0]} data.root" in inputs)}
     entry = entries.get(spec.NAME)
     if force:
         return StageState(action="fresh", reason="--force", announce="running (--force)", **base)
@@ -120,7 +123,7 @@ def decide(run, cfg, spec, force, stages, world):
                               **base)
         return StageState(action="fresh", reason="not run yet", announce="running", **base)
     made_with = main.extra["_made_with"]
-    if made_with != {"config_hash": base["config_hash"], "inputs": _as_recorded(inputs, made_with["inputs"])}:
+    if not _same_config(made_with, base) or made_with["inputs"] != _as_recorded(inputs, made_with["inputs"]):
         return StageState(action="fresh", reason=f"its resume checkpoint ({checkpoint_rel(spec.NAME)}) was written by "
                                                  f"an earlier run with {_made_otherwise(made_with, base)}; starting "
                                                  "over", **base)
@@ -132,6 +135,15 @@ def decide(run, cfg, spec, force, stages, world):
     return StageState(action="resume", reason=_resume_reason(entry, resume[""], epochs), resume=resume, **base)
 
 
+def _same_config(recorded, base):
+    """Whether a stage recorded (manifest entry or checkpoint) with `recorded`'s config would give the result `base`'s
+    does: the same config, or one that differs only where the result cannot (`config.result_hash`: data.cache_mb,
+    the same folder spelled another way...). A record without a result hash (an older version's) must match
+    exactly."""
+    return recorded.get("config_hash") == base["config_hash"] or bool(
+        recorded.get("result_hash") and recorded["result_hash"] == base["result_hash"])
+
+
 def _as_recorded(inputs, recorded):
     """`inputs` without the digests (images, model code) that `recorded` - written by a version that did not
     follow them - lacks: upgrading must not discard a checkpoint, nor rerun a finished stage, for them."""
@@ -141,7 +153,7 @@ def _as_recorded(inputs, recorded):
 def _made_otherwise(made_with, base):
     """What differs between a checkpoint's config and inputs and this run's: 'another config' or 'other inputs
     (... changed since)'."""
-    if made_with.get("config_hash") != base["config_hash"]:
+    if not _same_config(made_with, base):
         return "another config"
     old, new = made_with.get("inputs") or {}, base["inputs"]
     new = _as_recorded(new, old)
@@ -280,7 +292,7 @@ def _external_sha256(item):
 
 def _changes(run, entry, decision):
     """Why a completed stage must run again, or '' when it is up to date."""
-    if entry.get("config_hash") != decision["config_hash"]:
+    if not _same_config(entry, decision):
         keys = _diff_keys(entry.get("config") or {}, decision["config"])
         return f"config changed ({', '.join(keys[:4]) or 'config'})"
     for rel, sha in _as_recorded(decision["inputs"], entry.get("inputs", {})).items():
