@@ -185,6 +185,14 @@ CASES = {
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "distill.hint.student_layer=block7"],
         "the student has no layer 'block7'; available layers: stem"),
+    "qat: a float layer the student has not": (  # was: ignored (every layer int8), yet listed as kept in float
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.float_layers=[stem, nosuch]"],
+        "qat.float_layers: compact_cnn (model.student) has no layer 'nosuch'; available layers: stem"),
+    "qat: one float layer not given as a list": (
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.float_layers=stem"],
+        "qat.float_layers: expected a list or null, got str 'stem' (a list of one: [stem])"),
     "distill: shapes that cannot match": (
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "distill.hint.student_layer=stem"],

@@ -75,7 +75,9 @@ def _convert(tp, value, path, problems, nullable=False):
         return _MISSING
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            problems.append(_expected(path, "a list", _describe(value), nullable))
+            hint = f" (a list of one: [{value}])" if isinstance(value, (str, int, float)) and not isinstance(
+                value, bool) else ""
+            problems.append(_expected(path, "a list", _describe(value), nullable) + hint)
             return _MISSING
         items = [_convert(args[0], v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
         return _MISSING if _MISSING in items else tuple(items)
