@@ -26,7 +26,7 @@ from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained
 from compress.run.config import section_hash
 from compress.run.contract import Code, File, Images, Input, StageResult
-from compress.run.report import file_size
+from compress.run.report import evaluated_in, file_size
 from compress.training import distributed as dist
 from compress.training.checkpoint import read_weights, save_weights
 from compress.training.loop import evaluate, fit
@@ -347,10 +347,10 @@ def _result(cfg, history, baseline, teacher_acc, student, teacher, replicas, pre
 
 def report_rows(entry, path):
     m = entry["metrics"]
-    rows = [{"id": "student", "artifact": "student, distilled (PyTorch fp32)", "file": OUTPUTS["model"],
+    rows = [{"id": "student", "artifact": f"student, distilled ({evaluated_in(m)})", "file": OUTPUTS["model"],
              "params": m["params"], "size_bytes": file_size(path("model")), "val_acc": m["val_acc"]}]
     if "baseline_val_acc" in m:
-        rows.append({"id": "baseline", "artifact": "student alone, no teacher (PyTorch fp32)",
+        rows.append({"id": "baseline", "artifact": f"student alone, no teacher ({evaluated_in(m)})",
                      "file": OUTPUTS["baseline"], "params": m["params"], "size_bytes": file_size(path("baseline")),
                      "val_acc": m["baseline_val_acc"]})
     return rows

@@ -10,7 +10,7 @@ from compress.fileio import atomic_write_json
 from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained
 from compress.run.contract import Code, File, Images, StageResult
-from compress.run.report import file_size
+from compress.run.report import evaluated_in, file_size
 from compress.training import distributed as dist
 from compress.training.checkpoint import save_weights
 from compress.training.loop import evaluate, fit
@@ -85,5 +85,5 @@ def _as_given(ctx, model, data, val, precision):
 def report_rows(entry, path):
     """The teacher's row of the run report (its latency comes from the export stage, which times it)."""
     m = entry["metrics"]
-    return [{"id": "teacher", "artifact": "teacher (PyTorch fp32)", "file": OUTPUTS["model"], "params": m["params"],
-             "size_bytes": file_size(path("model")), "val_acc": m["val_acc"]}]
+    return [{"id": "teacher", "artifact": f"teacher ({evaluated_in(m)})", "file": OUTPUTS["model"],
+             "params": m["params"], "size_bytes": file_size(path("model")), "val_acc": m["val_acc"]}]

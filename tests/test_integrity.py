@@ -185,7 +185,18 @@ def test_the_report_marks_rows_that_are_no_longer_current(run_copy):
     report = (run_copy / "report.md").read_text()
     teacher_row = next(line for line in report.splitlines() if line.startswith("| teacher"))
     assert "stale" not in teacher_row and teacher_row.endswith("| - | - |"), teacher_row  # old latency dropped
-    assert "| student, distilled (PyTorch fp32) *(stale)* |" in report
+    precision = json.loads((run_copy / "manifest.json").read_text())["stages"]["distill"]["metrics"]["precision"]
+    how = "PyTorch fp32" if precision == "fp32" else f"PyTorch, evaluated in {precision}"  # bf16 where the CPU has it
+    assert f"| student, distilled ({how}) *(stale)* |" in report
+
+
+def test_a_pytorch_row_says_the_precision_its_accuracy_was_measured_in():
+    """Was: "(PyTorch fp32)" on an accuracy measured under bf16 autocast, a few tenths from the fp32 ONNX row of
+    the same weights (the fresh-user pass read that as the export gaining or losing accuracy)."""
+    from compress.run.report import evaluated_in
+
+    assert evaluated_in({"precision": "fp32"}) == evaluated_in({}) == "PyTorch fp32"
+    assert evaluated_in({"precision": "bf16"}) == "PyTorch, evaluated in bf16"
 
 
 def test_a_damaged_export_report_does_not_block_other_stages(run_copy):

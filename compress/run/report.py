@@ -18,6 +18,14 @@ log = logging.getLogger(__name__)
 COLUMNS = ("artifact", "file", "params", "size_bytes", "val_acc", "latency_b1_ms", "latency_b64_ms")
 
 
+def evaluated_in(metrics):
+    """How a PyTorch row's accuracy was measured: "PyTorch fp32", or "PyTorch, evaluated in bf16" when the stage
+    validated its fp32 weights under bf16 autocast (the fp32 ONNX row of the same weights can differ by a few
+    tenths of a point: that is the autocast, not the export)."""
+    precision = metrics.get("precision") or "fp32"
+    return "PyTorch fp32" if precision == "fp32" else f"PyTorch, evaluated in {precision}"
+
+
 def file_size(path):
     return os.path.getsize(path) if path and os.path.isfile(path) else None
 
