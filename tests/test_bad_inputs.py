@@ -101,7 +101,24 @@ def link_inside(run, tmp):
 
 # name: (setup(run, tmp) -> None, args(run, tmp) -> list, expected text in the error); exit code 2 unless
 # EXIT_CODES says otherwise
+def lock_not_writable(r):
+    """What a read-only mount does to the lock's open (root passes every permission check, so a chmod would not)."""
+    if (r / ".lock").exists():
+        (r / ".lock").unlink()
+    (r / ".lock").mkdir()
+
+
 CASES = {
+    # run directories
+    "run directory: cannot be written, report": (  # was: "unexpected OSError: [Errno 30] ...", exit 1
+        lambda r, t: lock_not_writable(r), lambda r, t: ["report", r],
+        "/.lock); choose another with --run-dir, or make it writable - `compress show` and `compress predict` only "
+        "read it"),
+    "run directory: cannot be written, run": (
+        lambda r, t: lock_not_writable(r), lambda r, t: ["run", "--run-dir", r], "cannot write to run directory"),
+    "run directory: under a file, dry run": (  # the plan is shown; the exit code says the run would stop
+        lambda r, t: write(t / "f", "x"), lambda r, t: ["run", "--run-dir", t / "f" / "run", "--dry-run"],
+        "is not a folder); choose another with --run-dir - `compress run` would stop here, before the plan above"),
     # config files
     "config: unknown key": (
         lambda r, t: write(t / "c.yaml", "teacher:\n  epoch: 3\n"),

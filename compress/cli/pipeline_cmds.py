@@ -6,7 +6,7 @@ import sys
 import click
 
 from compress.cli.base import _debug, cli, debug_option, log, setup_logging, verbose_option
-from compress.errors import CompressError
+from compress.errors import CompressError, InputError
 from stages import ORDER as STAGE_ORDER  # the names only: importing them loads no torch, so --help is instant
 
 
@@ -113,6 +113,8 @@ def _dry_run(cfg, config_path, note, run_dir, stage_names, force, world):
         click.echo(f"data: {line}")
     for name, action, why in rows:
         click.echo(f"{name:8} {action:7} {why}")
+    if data.get("unwritable"):  # the plan is still worth showing; the exit code says the run would not go
+        raise InputError(f"{data['unwritable']} - `compress run` would stop here, before the plan above")
 
 
 def _relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc, max_restarts):

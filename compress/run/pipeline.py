@@ -150,10 +150,11 @@ def _record_new_digests(run, name, inputs):
         run.update_stage(name, inputs={**recorded, **new})
 
 
-def check_run_dir(run, cfg, stage_names):
-    """Refuse, before anything is written, a run directory that is not ours to write into, a corrupt manifest, and
-    a stage whose input neither the directory holds nor an earlier stage of this run writes."""
-    run.check_usable()
+def check_run_dir(run, cfg, stage_names, writing=True):
+    """Refuse, before anything is written, a run directory that is not ours to write into (`writing`: one we cannot
+    write to), a corrupt manifest, and a stage whose input neither the directory holds nor an earlier stage of this
+    run writes."""
+    run.check_usable(writing)
     missing = missing_upstream(run, cfg, stage_names, STAGES)  # reads the manifest: a corrupt one is refused here
     if missing:
         raise InputError(missing)
@@ -264,7 +265,11 @@ def _plan(cfg, run, stage_names, force, world):
     from compress.run.contract import Input
 
     data = preflight.check(cfg, stage_names, world, run_root=run.root)
-    check_run_dir(run, cfg, stage_names)
+    check_run_dir(run, cfg, stage_names, writing=False)  # a dry run writes nothing: it plans a read-only run too
+    try:
+        run.check_writable()
+    except InputError as e:
+        data = {**data, "unwritable": str(e)}
     rows, running = [], {}
     for name in stage_names:
         spec = STAGES[name]

@@ -51,9 +51,9 @@ class RunDir:
     def exists(self):
         return os.path.isfile(self.manifest_path)
 
-    def check_usable(self):
+    def check_usable(self, writing=True):
         """Refuse, before anything is written, a folder that is not ours to write into: one holding other
-        files (not a compress run), one with symbolic links inside, or one we cannot write to."""
+        files (not a compress run), one with symbolic links inside, or (`writing`) one we cannot write to."""
         if os.path.lexists(self.root) and not os.path.isdir(self.root):
             raise InputError(f"run directory '{self.root}' is a file; choose a folder with --run-dir")
         if os.path.isdir(self.root):
@@ -65,9 +65,10 @@ class RunDir:
             if links:
                 raise InputError(f"run directory '{self.root}' contains a symbolic link ({links[0]}); compress does "
                                  "not write through links - replace it with a real file or folder")
-        self._check_writable()
+        if writing:
+            self.check_writable()
 
-    def _check_writable(self):
+    def check_writable(self):
         parent = self.root
         while not os.path.isdir(parent):  # the nearest existing ancestor is what must be writable
             up = os.path.dirname(parent)
@@ -168,11 +169,19 @@ class RunLock:
         self.path = run.path(LOCK_NAME)
         self.fd = None
 
+    def _open(self):
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:  # a read-only mount (root passes every permission check), .lock not a file
+            raise InputError(f"cannot write to run directory '{os.path.dirname(self.path)}' ({e.strerror}: "
+                             f"{self.path}); choose another with --run-dir, or make it writable - `compress show` "
+                             "and `compress predict` only read it") from None
+
     def acquire(self):
         import fcntl
 
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -185,7 +194,7 @@ class RunLock:
                 if not self._stale_or_free(holder):  # no flock here (e.g. some network filesystems)
                     raise InputError(f"another compress run ({_describe(holder)}) is using "
                                      f"{os.path.dirname(self.path)}; wait for it or use another --run-dir") from None
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+                fd = self._open()
             # the file may have been removed and recreated by a releasing holder between open and flock:
             # only the lock on the file that is still at `path` counts
             if os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
