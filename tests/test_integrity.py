@@ -50,12 +50,23 @@ def test_a_folder_that_is_not_a_run_is_refused_and_left_alone(tmp_path):
 
 
 def test_a_held_lock_names_its_holder_and_nothing_is_written(run_copy):
+    """Also (fresh-user pass): while another run had qat running, `--stages export` said "run the qat stage first:
+    its last run did not finish", `show` called the running stage interrupted, and --dry-run did not mention it."""
+    manifest = json.loads((run_copy / "manifest.json").read_text())
+    manifest["stages"]["qat"]["status"] = "running"  # what the other run's manifest says while qat trains
+    (run_copy / "manifest.json").write_text(json.dumps(manifest))
     before = file_bytes(run_copy)
     with RunLock(RunDir(run_copy)):
         result = invoke("run", "--run-dir", run_copy, "--stages", "export", "--force")
         report = invoke("report", run_copy)
+        show = invoke("show", run_copy)
+        plan = invoke("run", "--run-dir", run_copy, "--dry-run")
+    holder = f"pid {os.getpid()} on host {socket.gethostname()}"
     assert result.exit_code == 2 and report.exit_code == 2
-    assert f"another compress run (pid {os.getpid()} on host {socket.gethostname()}) is using" in result.stderr
+    assert f"another compress run ({holder}) is using" in result.stderr and "qat stage first" not in result.stderr
+    assert f"(another compress run is using it now: {holder})" in show.output
+    assert f"qat      running now ({holder}, since" in show.output
+    assert plan.exit_code == 0 and f"note: another compress run ({holder}) is using {run_copy} now" in plan.output
     after = file_bytes(run_copy)
     assert after == before
 

@@ -35,17 +35,20 @@ def show(run_dir):
     Example:
       compress show artifacts/default
     """
-    from compress.run.rundir import file_check
+    from compress.run.rundir import file_check, lock_holder
     from compress.run.state import stage_states
     from stages import STAGES
 
     run = _existing_run(run_dir)
     manifest = run.manifest()
     states = stage_states(run, STAGES, manifest)
-    click.echo(f"run {run.root}")
+    holder = lock_holder(run)
+    click.echo(f"run {run.root}" + (f" (another compress run is using it now: {holder})" if holder else ""))
     for name in STAGES:
         state, detail = states[name]
         entry = manifest["stages"].get(name) or {}
+        if holder and entry.get("status") == "running":  # not interrupted: it is the stage that run is doing
+            state, detail = "running now", f"{holder}, since {entry.get('started', '?')}"
         line = f"{name:8} {state}" + (f" ({detail})" if detail else "")
         if entry.get("seconds") is not None and state != "not run":
             line += f"  {entry['seconds']:.1f}s, {entry.get('world_size', 1)} process(es)"

@@ -113,6 +113,9 @@ def _dry_run(cfg, config_path, note, run_dir, stage_names, force, world):
         click.echo(f"data: {line}")
     for name, action, why in rows:
         click.echo(f"{name:8} {action:7} {why}")
+    if data.get("busy"):
+        click.echo(f"note: another compress run ({data['busy']}) is using {run_dir} now: this plan is of its files "
+                   "at this moment, and a `compress run` there stops until that run has ended")
     if data.get("unwritable"):  # the plan is still worth showing; the exit code says the run would not go
         raise InputError(f"{data['unwritable']} - `compress run` would stop here, before the plan above")
 

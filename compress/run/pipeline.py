@@ -21,7 +21,7 @@ from compress.run.config import ConfigView, read_yaml
 from compress.run.context import StageContext
 from compress.run.contract import DIGESTS, StageResult
 from compress.run.report import write_report
-from compress.run.rundir import RunDir, RunLock, now, versions
+from compress.run.rundir import RunDir, RunLock, lock_holder, now, versions
 from compress.run.state import StageState, decide, missing_upstream, stage_states
 from compress.training import distributed as dist
 from compress.training import interrupt
@@ -155,6 +155,10 @@ def check_run_dir(run, cfg, stage_names, writing=True):
     write to), a corrupt manifest, and a stage whose input neither the directory holds nor an earlier stage of this
     run writes."""
     run.check_usable(writing)
+    holder = lock_holder(run) if writing and os.environ.get(LOCK_ENV) != run.root else ""
+    if holder:  # before the stages are read: one still running looks unfinished ("run the qat stage first")
+        raise InputError(f"another compress run ({holder}) is using {run.root}; wait for it to finish or use another "
+                         "--run-dir")
     missing = missing_upstream(run, cfg, stage_names, STAGES)  # reads the manifest: a corrupt one is refused here
     if missing:
         raise InputError(missing)
@@ -270,6 +274,8 @@ def _plan(cfg, run, stage_names, force, world):
         run.check_writable()
     except InputError as e:
         data = {**data, "unwritable": str(e)}
+    if os.environ.get(LOCK_ENV) != run.root and lock_holder(run):
+        data = {**data, "busy": lock_holder(run)}
     rows, running = [], {}
     for name in stage_names:
         spec = STAGES[name]

@@ -234,6 +234,27 @@ class RunLock:
         self.release()
 
 
+def lock_holder(run):
+    """'pid N on host H' while another process holds `run`'s lock, else '' - creating nothing. Not for a process
+    that holds the lock itself (its own lock would be reported), nor for `--nproc-per-node` workers, whose
+    launcher holds it for them."""
+    import fcntl
+
+    try:
+        fd = os.open(run.path(LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        return _describe(_read_holder(fd)) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else ""
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return ""
+    finally:
+        os.close(fd)
+
+
 def _read_holder(fd):
     try:
         os.lseek(fd, 0, os.SEEK_SET)
