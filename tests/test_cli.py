@@ -57,6 +57,17 @@ def test_unknown_stage_lists_the_valid_ones():
     assert "unknown stage 'distil'" in result.output and "teacher, distill, qat, export" in result.output
 
 
+def test_repeated_stages_add_up_and_a_name_beside_a_run_dir_is_refused(tmp_path):
+    """Was (fresh-user pass): `--stages teacher --stages distill` ran distill alone, and --name beside --run-dir was
+    ignored without a word."""
+    plan = invoke("run", "--run-dir", tmp_path / "run", "--stages", "teacher", "--stages", "distill", "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    assert [line.split()[0] for line in plan.output.splitlines() if line.split()[1:2] == ["run"]] == ["teacher", "distill"]
+    both = invoke("run", "--run-dir", tmp_path / "run", "--name", "mine", "--dry-run")
+    assert both.exit_code == 2 and "--name mine and --run-dir" in both.output and "give one" in both.output
+    assert not (tmp_path / "run").exists() and not (tmp_path / "artifacts").exists()
+
+
 def test_stages_are_listed_with_inputs_and_outputs():
     result = invoke("stages")
     assert result.exit_code == 0

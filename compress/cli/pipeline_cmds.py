@@ -24,6 +24,9 @@ def parse_stages(value):
 
 
 def resolve_run_dir(run_dir, name, config_path):
+    if run_dir and name:  # was: --name silently ignored
+        raise click.UsageError(f"--name {name} and --run-dir {run_dir} both say where the run goes; give one (--name "
+                               f"X is --run-dir artifacts/X)")
     if run_dir:
         return run_dir
     stem = os.path.splitext(os.path.basename(config_path))[0] if config_path else "default"
@@ -34,8 +37,9 @@ def resolve_run_dir(run_dir, name, config_path):
 @click.option("-c", "--config", "config_path",
               help="YAML config file, or the name of a shipped recipe (compress config --list: default, cifar10, "
                    "...). Default: the run directory's config.yaml if it has one, else the built-in defaults.")
-@click.option("--stages", "stages", default=",".join(STAGE_ORDER), show_default=True,
-              help="Comma-separated stages to run; they always run in pipeline order.")
+@click.option("--stages", "stages", multiple=True,
+              help=f"Comma-separated stages to run (repeatable: --stages teacher --stages qat is teacher,qat); they "
+                   f"always run in pipeline order.  [default: {','.join(STAGE_ORDER)}]")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Where outputs go. Default: artifacts/<name>.")
 @click.option("--name", help="Run name under artifacts/ (default: the config file's name, or 'default').")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -67,7 +71,7 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
     from compress.run.config import load_config
     from compress.training.distributed import launched_by_torchrun
 
-    stage_names = parse_stages(stages)
+    stage_names = parse_stages(",".join(stages) if stages else ",".join(STAGE_ORDER))
     run_dir = resolve_run_dir(run_dir, name, config_path)
     config_path, note = recipes.resolve(config_path)
     if not config_path and os.path.isfile(os.path.join(run_dir, "config.yaml")):

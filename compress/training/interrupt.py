@@ -2,6 +2,7 @@
 the resume checkpoint and raises Interrupted. A second Ctrl-C stops at once."""
 
 import contextlib
+import os
 import signal
 
 import torch
@@ -12,10 +13,18 @@ from compress.training import distributed as dist
 _requested = False
 
 
+ACK = b"\nstopping after this step, saving where it got to (Ctrl-C again stops at once, without saving)\n"
+
+
 def _handler(signum, frame):
     global _requested
     if _requested and signum == signal.SIGINT:
         raise KeyboardInterrupt
+    if not _requested and signum == signal.SIGINT and os.environ.get("RANK", "0") == "0":
+        try:  # the stop takes a step or a checkpoint's write: say it was heard (os.write: safe in a handler)
+            os.write(2, ACK)
+        except OSError:
+            pass
     _requested = True
 
 
