@@ -62,7 +62,9 @@ def run(ctx):
     report["size_ratio_int8_fp32"] = round(report["size_bytes"]["int8"] / report["size_bytes"]["fp32"], 4)
     report.update(_parity(float_model, int8_model, paths, loader))
     stop_if_asked("after checking parity")
-    busy = busy_elsewhere()  # timings beside a busy neighbour are noisy (the fresh-user pass: 1.08x vs 2.07x)
+    # timings beside a busy neighbour are noisy (the fresh-user pass: 1.08x vs 2.07x); not asked with several
+    # processes, whose other ranks wait for this one (NCCL's wait spins a core) and would be counted
+    busy = busy_elsewhere() if ctx.env.world == 1 else None
     if busy is not None:
         report["cpus_busy_while_timing"] = round(busy, 1)
         if busy >= BUSY:

@@ -112,7 +112,7 @@ CASES = {
     # run directories
     "run directory: cannot be written, report": (  # was: "unexpected OSError: [Errno 30] ...", exit 1
         lambda r, t: lock_not_writable(r), lambda r, t: ["report", r],
-        "/.lock); choose another with --run-dir, or make it writable - `compress show` and `compress predict` only "
+        "/.lock); use another run directory, or make it writable - `compress show` and `compress predict` only "
         "read it"),
     "run directory: cannot be written, run": (
         lambda r, t: lock_not_writable(r), lambda r, t: ["run", "--run-dir", r], "cannot write to run directory"),

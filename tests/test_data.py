@@ -247,6 +247,10 @@ def test_an_image_already_at_the_models_size_is_zoomed_and_cropped_like_the_meta
     images, _ = data.val.raw([0])
     resized = np.asarray(Image.open(data.val.files[0]).convert("RGB").resize((20, 20), Image.BILINEAR))
     assert torch.equal(images[0], torch.from_numpy(resized[2:18, 2:18].copy()).permute(2, 0, 1))
+    kept = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
+                              "data.eval_crop=0.8", "data.augment=random_resized_crop"), seed=0)  # originals kept
+    resized = np.asarray(Image.open(kept.train.files[0]).convert("RGB").resize((20, 20), Image.BILINEAR))
+    assert torch.equal(kept.train.raw([0])[0][0], torch.from_numpy(resized[2:18, 2:18].copy()).permute(2, 0, 1))
     same = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16"), seed=0)
     original = np.asarray(Image.open(same.val.files[0]).convert("RGB"))  # eval_crop 1: the image as it is
     assert torch.equal(same.val.raw([0])[0][0], torch.from_numpy(original.copy()).permute(2, 0, 1))

@@ -145,6 +145,9 @@ def test_a_setting_that_cannot_change_the_result_does_not_run_the_stages_again(t
     for change, key in (("data.flip=false", "data.flip"), ("data.eval_crop=0.5", "data.eval_crop")):
         result = invoke(*args, "--set", f"data.root={tmp_path / 'img'}", "--set", change)
         assert f"teacher: running again: config changed ({key})" in result.stderr, result.stderr
+    result = invoke(*args, "--set", f"data.root={tmp_path / 'link'}/", "--set", "data.cache_mb=1", "--set",
+                    "teacher.lr=0.05")  # the review: the keys that cannot matter were named first
+    assert "teacher: running again: config changed (teacher.lr)" in result.stderr, result.stderr
 
 
 def test_a_stage_recorded_by_an_older_version_starts_following_its_images_once_skipped(tmp_path):

@@ -61,12 +61,15 @@ def test_a_held_lock_names_its_holder_and_nothing_is_written(run_copy):
         report = invoke("report", run_copy)
         show = invoke("show", run_copy)
         plan = invoke("run", "--run-dir", run_copy, "--dry-run")
+        plan_export = invoke("run", "--run-dir", run_copy, "--dry-run", "--stages", "export")
     holder = f"pid {os.getpid()} on host {socket.gethostname()}"
     assert result.exit_code == 2 and report.exit_code == 2
     assert f"another compress run ({holder}) is using" in result.stderr and "qat stage first" not in result.stderr
     assert f"(another compress run is using it now: {holder})" in show.output
     assert f"qat      running now ({holder}, since" in show.output
     assert plan.exit_code == 0 and f"note: another compress run ({holder}) is using {run_copy} now" in plan.output
+    assert plan_export.exit_code == 2 and f"another compress run ({holder}) is using" in plan_export.output
+    assert "qat stage first" not in plan_export.output  # the review: the dry run still said so
     after = file_bytes(run_copy)
     assert after == before
 

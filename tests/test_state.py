@@ -10,7 +10,7 @@ import torch
 
 from compress.errors import InputError
 from compress.fileio import atomic_write_bytes, sha256_file
-from compress.run.config import config_slice, load_config, section_hash
+from compress.run.config import config_slice, load_config, result_hash, section_hash
 from compress.run.rundir import RunDir
 from compress.run.state import checkpoint_rel, decide, missing_upstream, stage_states
 from compress.training.checkpoint import save_training_state
@@ -42,9 +42,10 @@ def complete(run, stage, config, outputs=(), inputs=None):
     return sums
 
 
-def checkpoint(run, stage, config, epoch, step, part="", world=1, inputs=None, config_hash=None):
+def checkpoint(run, stage, config, epoch, step, part="", world=1, inputs=None, config_hash=None, result=None):
     model = torch.nn.Linear(2, 2)
     state = {"stage": stage, "config_hash": config_hash or section_hash(config, STAGES[stage].CONFIG_KEYS),
+             **({"result_hash": result_hash(config, STAGES[stage].CONFIG_KEYS, False)} if result else {}),
              "inputs": inputs or {}, "epoch": epoch, "step": step, "history": [{"val_acc": 1.0}] * epoch,
              "running": None, "world_size": world, "extra": {"float_layers": ["stem.0"]}}
     save_training_state(run.path(checkpoint_rel(stage, part)), {"model": model},
@@ -294,6 +295,25 @@ def test_the_baseline_part_resumes_only_from_a_checkpoint_of_the_same_run(run):
     assert state.resume_of("baseline").epoch == 3 and state.resume_of("baseline").step == 2
     checkpoint(run, "distill", cfg(), epoch=3, step=2, part="baseline", inputs=sums, config_hash="f" * 16)
     assert decide(run, cfg(), STAGES["distill"], False, STAGES, 1).resume_of("baseline") is None
+
+
+def test_parts_resumed_under_a_setting_that_cannot_change_the_result_still_resume_together(run):
+    """The review's cases: the main part stamped by an older version (no result hash), or before data.cache_mb
+    changed, and its baseline resumed and re-stamped since: both parts resume - the baseline used to start over,
+    as its stamp was no longer the main part's to the byte."""
+    sums = complete(run, "teacher", cfg(), [TEACHER])
+    run.update_stage("distill", status="interrupted")
+    checkpoint(run, "distill", cfg(), epoch=8, step=0, inputs=sums)  # as the previous version wrote it
+    checkpoint(run, "distill", cfg(), epoch=5, step=1, part="baseline", inputs=sums, result=True)  # and this one
+    state = decide(run, cfg(), STAGES["distill"], False, STAGES, 1)
+    assert state.action == "resume" and state.resume_of("baseline").epoch == 5
+    checkpoint(run, "distill", cfg(), epoch=8, step=0, inputs=sums, result=True)
+    checkpoint(run, "distill", cfg("data.cache_mb=0"), epoch=5, step=1, part="baseline", inputs=sums, result=True)
+    state = decide(run, cfg("data.cache_mb=0"), STAGES["distill"], False, STAGES, 1)
+    assert state.action == "resume" and state.resume_of("baseline").epoch == 5
+    checkpoint(run, "distill", cfg("data.cache_mb=0", "distill.lr=0.3"), epoch=5, step=1, part="baseline",
+               inputs=sums, result=True)  # a change that does matter
+    assert decide(run, cfg("data.cache_mb=0"), STAGES["distill"], False, STAGES, 1).resume_of("baseline") is None
 
 
 def test_a_failed_stage_is_retried_from_its_checkpoint_and_says_it_failed(run):

@@ -140,9 +140,12 @@ def _relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc, m
     argv += [a for o in overrides for a in ("--set", o)] + (["--debug"] if _debug["on"] else [])
     argv += ["--verbose"] if _debug.get("verbose") else []
     with RunLock(run):
-        os.environ[LOCK_ENV] = run.root
-        click.echo(f"compress: starting {nproc} processes (torchrun)", err=True)
-        return relaunch(nproc, max_restarts, argv)
+        os.environ[LOCK_ENV] = run.root  # the workers' run_pipeline: this process holds the lock for them
+        try:
+            click.echo(f"compress: starting {nproc} processes (torchrun)", err=True)
+            return relaunch(nproc, max_restarts, argv)
+        finally:  # a later run in this process (tests call the CLI in-process) must take the lock itself
+            os.environ.pop(LOCK_ENV, None)
 
 
 @cli.command("stages")

@@ -148,7 +148,10 @@ class FileImages:
         return read_image(self.files[i], self.image_shape[0], None if self.keep_original else self.rule)
 
     def _fit(self, image):
-        if tuple(image.shape) == self.image_shape:
+        """`image` at the model's size by the rule: decoded so already, or (kept original) resized and cropped -
+        one already at the model's size too, unless the rule leaves it as it is (data.eval_crop 1)."""
+        if tuple(image.shape) == self.image_shape and (
+                not self.keep_original or self.rule["shorter_side"] == self.image_shape[-1]):
             return image
         from PIL import Image
 

@@ -592,7 +592,13 @@ def result_hash(cfg, keys, images_followed):
     link to the same folder is the same folder), data.flip's default as it resolves, and - where the images'
     listing digest is an input (`images_followed`) - without the keys whose effect that digest already holds.
     Recorded beside `section_hash`: a completed stage whose config differs only in these is up to date."""
-    picked = config_slice(cfg, keys)
+    blob = json.dumps(as_it_counts(config_slice(cfg, keys), images_followed), sort_keys=True, allow_nan=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def as_it_counts(picked, images_followed):
+    """A config slice (`config_slice`) as far as it can change a stage's result (see `result_hash`); a copy."""
+    picked = copy.deepcopy(picked)
     data = picked.get("data")
     if isinstance(data, dict):
         for key in NO_RESULT + (COVERED_BY_LISTING if images_followed and data.get("name") == "imagefolder" else ()):
@@ -602,8 +608,7 @@ def result_hash(cfg, keys, images_followed):
                 data[key] = os.path.realpath(os.path.expanduser(data[key]))
         if data.get("flip") is None and "name" in data:
             data["flip"] = data["name"] in ("imagefolder", "cifar10")
-    blob = json.dumps(picked, sort_keys=True, allow_nan=False).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    return picked
 
 
 def quantized_model(model_cfg, source):

@@ -150,6 +150,10 @@ def _record_new_digests(run, name, inputs):
         run.update_stage(name, inputs={**recorded, **new})
 
 
+def _busy_message(holder, run):
+    return f"another compress run ({holder}) is using {run.root}; wait for it to finish or use another --run-dir"
+
+
 def check_run_dir(run, cfg, stage_names, writing=True):
     """Refuse, before anything is written, a run directory that is not ours to write into (`writing`: one we cannot
     write to), a corrupt manifest, and a stage whose input neither the directory holds nor an earlier stage of this
@@ -157,8 +161,7 @@ def check_run_dir(run, cfg, stage_names, writing=True):
     run.check_usable(writing)
     holder = lock_holder(run) if writing and os.environ.get(LOCK_ENV) != run.root else ""
     if holder:  # before the stages are read: one still running looks unfinished ("run the qat stage first")
-        raise InputError(f"another compress run ({holder}) is using {run.root}; wait for it to finish or use another "
-                         "--run-dir")
+        raise InputError(_busy_message(holder, run))
     missing = missing_upstream(run, cfg, stage_names, STAGES)  # reads the manifest: a corrupt one is refused here
     if missing:
         raise InputError(missing)
@@ -269,13 +272,19 @@ def _plan(cfg, run, stage_names, force, world):
     from compress.run.contract import Input
 
     data = preflight.check(cfg, stage_names, world, run_root=run.root)
-    check_run_dir(run, cfg, stage_names, writing=False)  # a dry run writes nothing: it plans a read-only run too
+    holder = lock_holder(run) if os.environ.get(LOCK_ENV) != run.root else ""
+    try:
+        check_run_dir(run, cfg, stage_names, writing=False)  # a dry run writes nothing: it plans a read-only run too
+    except InputError:
+        if holder:  # a stage that run is doing looks unfinished: say what is going on instead
+            raise InputError(_busy_message(holder, run)) from None
+        raise
     try:
         run.check_writable()
     except InputError as e:
         data = {**data, "unwritable": str(e)}
-    if os.environ.get(LOCK_ENV) != run.root and lock_holder(run):
-        data = {**data, "busy": lock_holder(run)}
+    if holder:
+        data = {**data, "busy": holder}
     rows, running = [], {}
     for name in stage_names:
         spec = STAGES[name]

@@ -174,8 +174,8 @@ class RunLock:
             return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as e:  # a read-only mount (root passes every permission check), .lock not a file
             raise InputError(f"cannot write to run directory '{os.path.dirname(self.path)}' ({e.strerror}: "
-                             f"{self.path}); choose another with --run-dir, or make it writable - `compress show` "
-                             "and `compress predict` only read it") from None
+                             f"{self.path}); use another run directory, or make it writable - `compress show` and "
+                             "`compress predict` only read it") from None
 
     def acquire(self):
         import fcntl

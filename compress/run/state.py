@@ -16,7 +16,7 @@ from typing import Optional
 
 from compress.errors import CompressError, InputError
 from compress.fileio import sha256_file
-from compress.run.config import ConfigView, config_slice, result_hash, section_hash
+from compress.run.config import ConfigView, as_it_counts, config_slice, result_hash, section_hash
 from compress.run.contract import DIGESTS, EXTERNAL, Code, File, Images
 
 log = logging.getLogger(__name__)
@@ -123,16 +123,22 @@ def decide(run, cfg, spec, force, stages, world):
                               **base)
         return StageState(action="fresh", reason="not run yet", announce="running", **base)
     made_with = main.extra["_made_with"]
-    if not _same_config(made_with, base) or made_with["inputs"] != _as_recorded(inputs, made_with["inputs"]):
+    if not _made_alike(made_with, base):
         return StageState(action="fresh", reason=f"its resume checkpoint ({checkpoint_rel(spec.NAME)}) was written by "
                                                  f"an earlier run with {_made_otherwise(made_with, base)}; starting "
                                                  "over", **base)
     resume = {"": _same_world(main, world)}
     for part in getattr(spec, "PARTS", ())[1:]:
         other, _ = read_resume(run, spec.NAME, part, epochs)
-        if other is not None and other.extra["_made_with"] == main.extra["_made_with"]:
+        if other is not None and _made_alike(other.extra["_made_with"], base):  # not ==: a part resumed under a
+            # result-irrelevant change (or by the next version) records another config hash than the main part
             resume[part] = _same_world(other, world)
     return StageState(action="resume", reason=_resume_reason(entry, resume[""], epochs), resume=resume, **base)
+
+
+def _made_alike(made_with, base):
+    """Whether a resume checkpoint's config and inputs are this decision's (as far as the result goes)."""
+    return _same_config(made_with, base) and made_with["inputs"] == _as_recorded(base["inputs"], made_with["inputs"])
 
 
 def _same_config(recorded, base):
@@ -293,7 +299,10 @@ def _external_sha256(item):
 def _changes(run, entry, decision):
     """Why a completed stage must run again, or '' when it is up to date."""
     if not _same_config(entry, decision):
-        keys = _diff_keys(entry.get("config") or {}, decision["config"])
+        old, new = entry.get("config") or {}, decision["config"]
+        followed = f"{DIGESTS[0]} data.root" in decision["inputs"]  # the keys that count: data.cache_mb changed
+        keys = _diff_keys(as_it_counts(old, followed), as_it_counts(new, followed)) or _diff_keys(old, new)  # beside
+        # teacher.lr is not named (and cannot push the key that counts out of the four shown)
         return f"config changed ({', '.join(keys[:4]) or 'config'})"
     for rel, sha in _as_recorded(decision["inputs"], entry.get("inputs", {})).items():
         if entry.get("inputs", {}).get(rel) != sha:

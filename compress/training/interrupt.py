@@ -13,7 +13,7 @@ from compress.training import distributed as dist
 _requested = False
 
 
-ACK = b"\nstopping after this step, saving where it got to (Ctrl-C again stops at once, without saving)\n"
+ACK = b"\nstopping at the next safe point (training saves a checkpoint there; Ctrl-C again stops at once)\n"
 
 
 def _handler(signum, frame):
