@@ -309,6 +309,23 @@ def test_a_single_stage_rerun_names_the_stages_it_made_stale(finished_run, tmp_p
     assert result.exit_code == 0, result.output
     assert f"qat and export are now stale (distill/model.safetensors changed since this stage ran); refresh with: " \
            f"compress run --run-dir {run} --stages qat,export" in result.stderr
+    assert "made with another config" not in result.stderr  # distill.epochs is distill's alone
+
+
+def test_a_set_for_one_stage_names_the_other_stages_it_leaves_behind(run_copy):
+    """Was (fresh-user pass): `--stages export --set data.eval_crop=0.875` said nothing about the other stages,
+    though the run's config.yaml now held the new value and the next plain run reran all four; a `--set` that
+    changes nothing that counts (data.cache_mb) names nobody."""
+    result = invoke("run", "--run-dir", run_copy, "--stages", "export", "--set", "data.eval_crop=0.875")
+    assert result.exit_code == 0, result.output
+    assert ("teacher, distill and qat were made with another config than the one config.yaml now holds "
+            f"(data.eval_crop): the next `compress run --run-dir {run_copy}` runs them again; to keep them, set that "
+            "key back (--set) or pass the config they were made with (-c)") in result.stderr
+    plan = invoke("run", "--run-dir", run_copy, "--dry-run").output
+    assert [line.split()[1] for line in plan.splitlines() if line.split()[:1] in (["teacher"], ["qat"])] == ["run"] * 2
+    quiet = invoke("run", "--run-dir", run_copy, "--stages", "export", "--set", "data.eval_crop=1.0", "--set",
+                   "data.cache_mb=1")
+    assert quiet.exit_code == 0 and "made with another config" not in quiet.stderr, quiet.stderr
 
 
 def test_predict_takes_folders_and_globs_and_skips_what_it_cannot_read(finished_run, tmp_path):

@@ -22,7 +22,7 @@ from compress.run.context import StageContext
 from compress.run.contract import DIGESTS, StageResult
 from compress.run.report import write_report
 from compress.run.rundir import RunDir, RunLock, lock_holder, now, versions
-from compress.run.state import StageState, decide, missing_upstream, stage_states
+from compress.run.state import StageState, config_drift, decide, missing_upstream, stage_states
 from compress.training import distributed as dist
 from compress.training import interrupt
 from stages import STAGES
@@ -63,7 +63,7 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
                 raise
             if env.is_main:
                 results["report"] = write_report(run, STAGES)
-                _say_what_went_stale(run, stage_names)
+                _say_what_went_stale(run, stage_names, cfg if any(results.values()) else None)
     return results
 
 
@@ -120,13 +120,25 @@ def _report_quietly(run):
         log.debug("no report after the failure: %s", e)
 
 
-def _say_what_went_stale(run, stage_names):
-    """After a partial run: the later stages that now read replaced files, and the command that refreshes them."""
+def _say_what_went_stale(run, stage_names, written_cfg):
+    """After a partial run: the later stages that now read replaced files, and the command that refreshes them;
+    and (`written_cfg`: the config a stage of this run wrote to the run's config.yaml) the stages left out that
+    were made with another config - a `--set` for one stage is the run's config from now on."""
     states = stage_states(run, STAGES)
     stale = [name for name in STAGES if name not in stage_names and states[name][0] == "invalidated"]
     if stale:
         log.warning("%s now stale (%s); refresh with: compress run --run-dir %s --stages %s", " and ".join(stale)
                     + (" are" if len(stale) > 1 else " is"), states[stale[0]][1], run.root, ",".join(stale))
+    others = [name for name in STAGES if name not in stage_names and name not in stale]
+    drift = config_drift(run, written_cfg, STAGES, others) if written_cfg is not None and others else []
+    if drift:
+        names, keys = [n for n, _ in drift], sorted({k for _, ks in drift for k in ks})
+        log.warning("%s made with another config than the one %s now holds (%s): the next `compress run --run-dir "
+                    "%s` runs %s again; to keep %s, set %s back (--set) or pass the config they were made with (-c)",
+                    " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+                    + (" were" if len(names) > 1 else " was"), run.rel(run.config_path),
+                    ", ".join(keys[:4]), run.root, "them" if len(names) > 1 else "it",
+                    "them" if len(names) > 1 else "it", "those keys" if len(keys) > 1 else "that key")
 
 
 def _check_before_writing(cfg, run, stage_names, world):

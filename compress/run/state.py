@@ -324,6 +324,23 @@ def _changes(run, entry, decision):
     return ""
 
 
+def config_drift(run, cfg, stages, names):
+    """[(stage, [config keys])] of the completed stages among `names` that `cfg` would run again because their
+    config differs (as far as it changes the result) - the keys that count, named as `_changes` names them."""
+    entries, found = run.manifest()["stages"], []
+    for name in names:
+        entry, keys = entries.get(name) or {}, stages[name].CONFIG_KEYS
+        if entry.get("status") != "complete":
+            continue
+        followed = f"{DIGESTS[0]} data.root" in entry.get("inputs", {})
+        now = {"config_hash": section_hash(cfg, keys), "result_hash": result_hash(cfg, keys, followed)}
+        if not _same_config(entry, now):
+            old, new = entry.get("config") or {}, config_slice(cfg, keys)
+            found.append((name, _diff_keys(as_it_counts(old, followed), as_it_counts(new, followed))
+                          or _diff_keys(old, new)))
+    return found
+
+
 def _diff_keys(old, new, prefix=""):
     keys = []
     for k in sorted(set(old) | set(new)):
