@@ -5,9 +5,12 @@ import numpy as np
 
 from compress.cpus import usable_cpus
 from compress.deploy.onnx_model import OnnxModel
-from compress.deploy.timing import compare_latency, interleaved_medians, median_ms, speedup_text
+from compress.deploy.timing import compare_latency, median_ms, speedup_text
 
 __all__ = ["compare_latency", "latency_table", "latency_tables", "median_ms", "speedup_text"]
+
+
+TABLE_ROUND_S = 0.05  # seconds a file runs in each of a table cell's 5 interleaved rounds (at most `repeats` runs)
 
 
 def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime="onnxruntime"):
@@ -25,9 +28,10 @@ def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5,
 
 def latency_tables(paths, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime="onnxruntime"):
     """{name: latency_table rows} for several files {name: path}. In onnxruntime the files take turns in each
-    cell (interleaved rounds), so a busy machine slows them alike and the table's ratios hold (timed one after
-    the other, the same PTQ and QAT files read 2.09 and 4.99 ms on a loaded machine); OpenVINO times each file
-    in a child process of its own, one after the other."""
+    cell (5 interleaved rounds of up to TABLE_ROUND_S seconds and `repeats` runs each; the median), so a busy
+    machine slows them alike and the table's ratios hold (timed one after the other, the same PTQ and QAT files
+    read 2.09 and 4.99 ms on a loaded machine); OpenVINO times each file in a child process of its own, one after
+    the other."""
     if runtime != "onnxruntime":
         return {k: latency_table(p, batch_sizes, threads, repeats, warmup, stop, runtime) for k, p in paths.items()}
     threads = list(threads or (1, usable_cpus()))
@@ -40,7 +44,8 @@ def latency_tables(paths, batch_sizes=(1, 64), threads=None, repeats=30, warmup=
                 stop()
             x = np.random.default_rng(0).standard_normal((b, *shape), dtype=np.float32)
             cell = ({k: median_ms(m, x, repeats, warmup) for k, m in models.items()} if len(models) == 1 else
-                    interleaved_medians(models, x, repeats, warmup))
+                    {k: t["median_ms"] for k, t in compare_latency(models, x, rounds=5, budget_s=TABLE_ROUND_S,
+                                                                   warmup=warmup, stop=stop, most=repeats).items()})
             for k, ms in cell.items():
                 tables[k].append({"batch": b, "threads": t, "ms": round(ms, 4),
                                   "images_per_s": round(b * 1000.0 / ms, 1)})

@@ -17,30 +17,13 @@ def median_ms(model, x, repeats=30, warmup=5):
     return statistics.median(times)
 
 
-def interleaved_medians(models, x, repeats=30, warmup=5, rounds=5):
-    """{name: median milliseconds} of several models on the same input, each timed `repeats` times (rounded up
-    to whole rounds) in `rounds` rounds that take turns (the order alternating), so a busy neighbour slows them
-    alike and their ratios hold; `median_ms`'s cost for each."""
-    names = list(models)
-    for n in names:
-        for _ in range(warmup):
-            models[n](x)
-    per_round = -(-repeats // rounds)
-    times = {n: [] for n in names}
-    for r in range(rounds):
-        for n in (names if r % 2 == 0 else names[::-1]):
-            for _ in range(per_round):
-                start = time.perf_counter()
-                models[n](x)
-                times[n].append((time.perf_counter() - start) * 1000.0)
-    return {n: statistics.median(v) for n, v in times.items()}
-
-
-def compare_latency(models, x, rounds=5, budget_s=0.25, warmup=2, stop=None):
+def compare_latency(models, x, rounds=5, budget_s=0.25, warmup=2, stop=None, most=50):
     """{name: {"min_ms", "median_ms", "runs"}} for several onnxruntime models on the same input, measured
     interleaved: each round times every model in turn (alternating the order), so a busy neighbour slows
     them alike. The minimum is the estimate least disturbed by other processes (noise only adds time);
-    each round runs a model for about `budget_s` seconds."""
+    each round runs a model for about `budget_s` seconds (3 to `most` runs). Rounds of a few runs would not do:
+    the session timed before keeps its threads spinning for a while, and the next one's first runs share the
+    cores with them (fp32 read 4.4 ms timed 6 runs a turn beside two int8 sessions, 1.9 ms alone)."""
     names = list(models)
     samples = {n: [] for n in names}
     per_run = {}
@@ -54,7 +37,7 @@ def compare_latency(models, x, rounds=5, budget_s=0.25, warmup=2, stop=None):
         if stop:
             stop()
         for n in (names if r % 2 == 0 else names[::-1]):
-            for _ in range(max(3, min(50, int(budget_s / per_run[n])))):
+            for _ in range(max(3, min(most, int(budget_s / per_run[n])))):
                 start = time.perf_counter()
                 models[n](x)
                 samples[n].append((time.perf_counter() - start) * 1000.0)

@@ -409,7 +409,8 @@ class ExportConfig:
     int8_min_agreement: float = _f(0.99, "fail if int8 ONNX top-1 agrees with PyTorch int8 on less than this share "
                                     "(a pick within 2 steps of the logits' 8-bit resolution counts as a tie)")
     latency_batch_sizes: tuple[int, ...] = _f((1, 64), "batch sizes for the latency table")
-    latency_repeats: int = _f(30, "timed runs per latency cell (median reported)")
+    latency_repeats: int = _f(30, "most timed runs of a file in each of a latency cell's 5 interleaved rounds (each "
+                                  "round at most 0.05 s a file; the median reported)")
     latency_warmup: int = _f(5, "untimed runs before timing")
     runtimes: Optional[tuple[Literal["onnxruntime", "openvino"], ...]] = _f(
         None, "runtimes the files are timed in: null = onnxruntime, plus OpenVINO when it is installed "
