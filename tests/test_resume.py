@@ -74,10 +74,13 @@ def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_r
     assert "Traceback" not in proc.stderr
     state = read_metadata(run / "teacher" / "last" / "checkpoint.safetensors")["state"]
     assert (state["epoch"], state["step"]) == (1, 7), "the checkpoint must come from the interrupt, mid-epoch"
-    assert json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["status"] == "interrupted"
+    entry = json.loads((run / "manifest.json").read_text())["stages"]["teacher"]
+    assert entry["status"] == "interrupted"
     again = compress_subprocess(*base, "--set", "data.cache_mb=0")  # cannot change the result: still resumes
     assert again.returncode == 0, again.stderr
     assert "resuming the interrupted run at epoch 2, step 7" in again.stderr
+    resumed = json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["seconds"]
+    assert resumed > entry["seconds"] and "s in all, with the run it resumed) - " in again.stderr  # was: last only
     assert_identical(finished_run, run, ["teacher"])
 
 

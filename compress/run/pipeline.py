@@ -227,6 +227,10 @@ class _StageRun:
         self.run, self.env, self.spec, self.state, self.writer = run, env, spec, state, writer
         self.begun = False
         self.start = time.perf_counter()
+        self.earlier = 0.0  # a resumed stage's time in the runs it continues (was: only the last one's counted)
+        if state.action == "resume" and env.is_main:
+            earlier = (run.manifest()["stages"].get(spec.NAME) or {}).get("seconds")
+            self.earlier = float(earlier) if isinstance(earlier, (int, float)) else 0.0
 
     def begin(self):
         if self.begun:
@@ -242,8 +246,12 @@ class _StageRun:
         if not self.spec.RANK0_ONLY:
             dist.barrier(self.env)
 
-    def seconds(self):
+    def this_run(self):
         return round(time.perf_counter() - self.start, 2)
+
+    def seconds(self):
+        """The stage's time in all: this run's, and that of the interrupted runs it resumed."""
+        return round(self.earlier + time.perf_counter() - self.start, 2)
 
 
 def _run_stage(run, cfg, env, spec, stage_state, writer):
@@ -268,7 +276,9 @@ def _run_stage(run, cfg, env, spec, stage_state, writer):
         outputs = {rel: sha256_file(run.path(rel)) for rel in result.outputs}
         run.update_stage(name, status="complete", outputs=outputs, metrics=result.metrics, finished=now(),
                          seconds=state.seconds(), resumed=stage_state.action == "resume")
-        log.info("%s: done in %.1fs - %s", name, state.seconds(), result.summary)
+        total = state.seconds()
+        log.info("%s: done in %.1fs%s - %s", name, state.this_run(),
+                 f" ({total:.1f}s in all, with the run it resumed)" if state.earlier else "", result.summary)
     dist.barrier(env)
     return vars(result)
 
