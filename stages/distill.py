@@ -10,6 +10,7 @@ exactly those pixels come from the teacher-output store (`compress.distill.store
 import hashlib
 import json
 import logging
+import math
 import time
 
 import torch
@@ -361,16 +362,21 @@ def report_notes(entry):
     if "baseline_val_acc" not in m:
         return []
     method = KD_NAMES.get(m.get("kd_method"), "distillation")
-    extra = ""
+    extra, same = "", "same initialisation, schedule, seed and augmented views"
     if m.get("unlabelled_images"):
+        ratio = (m["labelled_images"] + m["unlabelled_images"]) / m["labelled_images"]
+        same = "same initialisation, seed, augmented views and number of epochs"
         extra = (f" The distilled student also learned from {m['unlabelled_images']:,} unlabelled images through the "
-                 f"teacher; the student trained alone saw only the {m['labelled_images']:,} labelled ones.")
+                 f"teacher; the student trained alone saw only the {m['labelled_images']:,} labelled ones, so each of "
+                 f"its epochs was {ratio:.1f}x fewer optimizer steps: part of the gain is that extra training. The "
+                 f"student alone trained for {math.ceil(m['epochs'] * ratio)} epochs (distill.epochs) would take as "
+                 f"many steps; compare with it before crediting the teacher with all of the gain.")
     if m.get("mix", "none") != "none":  # the same augmentation for both, but mixing can handicap the one alone
         extra += (f" Both students trained on {m['mix']}-mixed images, which can cost a student trained alone points "
                   f"of its own: the student alone of a run with distill.mix=none is the one to beat.")
     return [f"Distillation ({method}) gained {m['gain_points']:+.2f} points: the distilled student reaches "
-            f"{m['val_acc']:.2f}%, the same student trained alone (same initialisation, schedule, seed and augmented "
-            f"views) {m['baseline_val_acc']:.2f}%; the teacher {m['teacher_val_acc']:.2f}%.{_time_gain(m)}{extra}"]
+            f"{m['val_acc']:.2f}%, the same student trained alone ({same}) {m['baseline_val_acc']:.2f}%; the teacher "
+            f"{m['teacher_val_acc']:.2f}%.{'' if m.get('unlabelled_images') else _time_gain(m)}{extra}"]
 
 
 def _time_gain(m):

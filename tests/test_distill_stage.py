@@ -89,6 +89,12 @@ def test_unlabelled_images_train_the_student_through_the_teacher(teacher_run, ti
     assert m["teacher_outputs"]["samples"] == 640 and "baseline_val_acc" in m
     report = (run / "report.md").read_text()
     assert "also learned from 40 unlabelled images" in report and "saw only the 600 labelled ones" in report
+    # the second fresh-user pass: "same schedule" hid that an epoch of 640 images is more steps than one of 600
+    assert "(same initialisation, seed, augmented views and number of epochs)" in report
+    assert (f"so each of its epochs was 1.1x fewer optimizer steps: part of the gain is that extra training. The "
+            f"student alone trained for {-(-m['epochs'] * 640 // 600)} epochs (distill.epochs) would take as many "
+            "steps") in report
+    assert "of the way through the same learning-rate schedule" not in report
     # the gain in training time, from the two students' per-epoch files (the rule itself: tests/test_distill.py)
     distilled = json.loads((run / "distill/metrics.json").read_text())["epochs"]
     alone = json.loads((run / "distill/baseline/metrics.json").read_text())["epochs"][-1]["val_acc"]
