@@ -25,7 +25,7 @@ from compress.errors import CompressError
 from compress.fileio import atomic_write_json, read_json, sha256_file
 from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained
-from compress.run.config import section_hash
+from compress.run.config import PAPER_SETTINGS, section_hash
 from compress.run.contract import Code, File, Images, Input, StageResult
 from compress.run.report import evaluated_in, file_size
 from compress.training import distributed as dist
@@ -127,8 +127,28 @@ def describe_loss(d):
     text = " + ".join(f"{w[term]:g} x {name}" for term, name in names.items() if w[term])
     defaulted = [k for k, v in (("ce_weight", d.ce_weight), ("kd.weight", kd.weight), ("kd.temperature",
                                                                                       kd.temperature)) if v is None]
-    return text + (f"; {', '.join(defaulted)}: the {KD_NAMES[kd.method]} paper's values" if defaulted and w["kd"]
-                   else "")
+    paper = PAPER_SETTINGS[kd.method]
+    own = [f"{key} {value:g} (paper {paper[name]:g})" for key, name, value in (
+        ("ce_weight", "ce_weight", d.ce_weight), ("kd.weight", "weight", kd.weight),
+        ("kd.temperature", "temperature", kd.temperature)) if value is not None and value != paper[name]]
+    if not w["kd"]:
+        return text
+    return (text + (f"; {', '.join(defaulted)}: the {KD_NAMES[kd.method]} paper's values" if defaulted else "")
+            + (f"; set by the config, not the {KD_NAMES[kd.method]} paper's: {', '.join(own)} (null takes the "
+               "paper's; a recipe's values stay when only distill.kd.method changes)" if own else ""))
+
+
+def _loss_problems(d):
+    """Settings that quietly make distillation something else (the second fresh-user pass)."""
+    w, found = d.loss_weights(), []
+    if not any(w[term] for term in ("kd", "cosine", "hint")):
+        found.append("no loss here learns from the teacher (distill.kd.weight 0, no cosine or hint loss): the student "
+                     "trains on the labels alone, and the gain the report states is not distillation's")
+    elif d.kd.method == "dkd" and w["kd"] and d.kd.dkd.warmup_epochs > d.epochs:
+        found.append(f"DKD's weight rises over distill.kd.dkd.warmup_epochs={d.kd.dkd.warmup_epochs:g} epochs, longer "
+                     f"than distill.epochs={d.epochs}: it reaches only {d.epochs / d.kd.dkd.warmup_epochs:.0%} of "
+                     f"its weight; lower the warm-up (e.g. --set distill.kd.dkd.warmup_epochs={max(1, d.epochs // 4)})")
+    return found
 
 
 def run(ctx):
@@ -156,6 +176,8 @@ def run(ctx):
     schedule = Schedule.from_config(d, loader.sampler.batches_per_epoch)
     session = ctx.session(modules, optimizer, schedule.steps_per_epoch, d.epochs, precision=precision)
     log.info("distill: loss = %s", describe_loss(d))
+    for problem in _loss_problems(d):
+        log.warning("distill: %s", problem)
     history = fit(ddp_student, make_loss(d, ddp_student, teacher, store, schedule.steps_per_epoch), optimizer, loader,
                   schedule, lambda epoch: evaluate(student.student, val, env, precision), session)
     _warn_if_near_chance(env, "the distilled student", history[-1]["val_acc"], data.num_classes,

@@ -87,7 +87,13 @@ def test_each_logit_loss_gets_its_papers_weights_unless_the_config_sets_them():
     from stages.distill import describe_loss  # what the log says the stage trains on
     assert describe_loss(load_config(None).distill).startswith("0.1 x cross-entropy + 9 x standardized-logit KD (T 2)")
     assert describe_loss(load_config(None, ["distill.kd.method=hinton", "distill.ce_weight=0.5"]).distill) == (
-        "0.5 x cross-entropy + 0.9 x Hinton KD (T 4); kd.weight, kd.temperature: the Hinton KD paper's values")
+        "0.5 x cross-entropy + 0.9 x Hinton KD (T 4); kd.weight, kd.temperature: the Hinton KD paper's values; set by "
+        "the config, not the Hinton KD paper's: ce_weight 0.5 (paper 0.1) (null takes the paper's; a recipe's values "
+        "stay when only distill.kd.method changes)")
+    # the second fresh-user pass: hinton under the cifar10 recipe silently ran at standardized KD's KD 9 and T 1
+    assert describe_loss(load_config("configs/cifar10.yaml", ["distill.kd.method=hinton"]).distill).endswith(
+        "set by the config, not the Hinton KD paper's: kd.weight 9 (paper 0.9), kd.temperature 1 (paper 4) (null "
+        "takes the paper's; a recipe's values stay when only distill.kd.method changes)")
     with pytest.raises(ConfigError, match="at least one must be > 0"):
         load_config(None, ["distill.ce_weight=0", "distill.kd.weight=0"])
 

@@ -583,7 +583,7 @@ def test_the_latency_table_times_the_files_in_turns():
     assert set(times) == {"fp32", "int8", "ptq"} and all(t["runs"] == 8 and t["median_ms"] >= 0
                                                           for t in times.values())
     assert calls == ["fp32"] * 2 + ["int8"] * 2 + ["ptq"] * 2 + ["fp32"] * 4 + ["int8"] * 4 + ["ptq"] * 4 + \
-        ["ptq"] * 4 + ["int8"] * 4 + ["fp32"] * 4  # warm-up and one untimed run each, round 1 in order, round 2 reversed
+        ["ptq"] * 4 + ["int8"] * 4 + ["fp32"] * 4  # warm-up and one untimed run each; round 1 in order, 2 reversed
 
 
 def test_latency_tables_of_several_files_have_a_row_per_cell(finished_run):
