@@ -96,6 +96,12 @@ def test_each_logit_loss_gets_its_papers_weights_unless_the_config_sets_them():
         "takes the paper's; a recipe's values stay when only distill.kd.method changes)")
     with pytest.raises(ConfigError, match="at least one must be > 0"):
         load_config(None, ["distill.ce_weight=0", "distill.kd.weight=0"])
+    from stages.distill import _loss_problems  # settings that quietly make distillation something else
+    assert _loss_problems(load_config("configs/cifar10.yaml").distill) == []
+    alone = _loss_problems(load_config(None, ["distill.kd.weight=0"]).distill)
+    assert alone and "no loss here learns from the teacher" in alone[0]
+    dkd = _loss_problems(load_config(None, ["distill.kd.method=dkd", "distill.epochs=5"]).distill)
+    assert dkd and "it reaches only 25% of its weight" in dkd[0]
 
 
 def test_overrides_are_parsed_as_yaml_values():
