@@ -16,7 +16,7 @@ import time
 import torch
 
 from compress.data.datasets import load_data
-from compress.data.sampling import train_loader
+from compress.data.sampling import eval_loader, train_loader
 from compress.distill.feature_losses import cosine_loss, hint_loss
 from compress.distill.logit_losses import logit_loss
 from compress.distill.store import StoreSpec, TeacherOutputStore, default_top_k
@@ -29,7 +29,7 @@ from compress.run.config import PAPER_SETTINGS, section_hash
 from compress.run.contract import Code, File, Images, Input, StageResult
 from compress.run.report import evaluated_in, file_size
 from compress.training import distributed as dist
-from compress.training.checkpoint import read_weights, save_weights
+from compress.training.checkpoint import load_weights, read_weights, save_weights
 from compress.training.loop import evaluate, fit
 from compress.training.losses import label_loss
 from compress.training.schedule import Schedule, build_optimizer
@@ -194,8 +194,33 @@ def run(ctx):
                     "than any distillation setting", teacher_acc, baseline[-1]["val_acc"])
     result = _result(cfg, history, baseline, teacher_acc, student, teacher, replicas, precision, teacher_outputs,
                      labelled, len(train_set) - len(labelled))
+    if baseline:  # is the gain beyond noise on these images? the exact McNemar test, as export does for QAT vs PTQ
+        result.metrics.update(dist.on_main(env, _paired_students, ctx, data, precision))
     result.metrics["peak_rss_mb"] = dist.peak_rss_mb(env)  # per process: the store is memory-mapped, not copied
     return result
+
+
+def _paired_students(ctx, data, precision):
+    """The distilled student against the student alone, image by image on the validation set (rank 0, the whole
+    set, the precision they were validated in): how many each alone gets right, and the McNemar p of that."""
+    from compress.quant.verify import paired
+
+    loader, right = eval_loader(data.val, ctx.cfg.train.eval_batch_size, 0, 1), {}
+    for key in ("model", "baseline"):
+        model = build_model(ctx.cfg.model.student, data.input_shape, data.num_classes)
+        load_weights(model, ctx.run.path(OUTPUTS[key]))
+        model = model.to(ctx.env.device).eval()
+        placed = precision.place([model], data.val.batch([0]).x)
+        hits = []
+        with torch.no_grad():
+            for batch in loader:
+                with placed.autocast():
+                    logits = model(placed.inputs(batch.x, ctx.env.device)).float()
+                hits.append((logits.argmax(1).cpu() == batch.y).cpu())
+        right[key] = torch.cat(hits)
+    pair = paired(right["model"], right["baseline"])
+    return {"val_images": len(right["model"]), "distilled_only_right": pair["only_first"],
+            "alone_only_right": pair["only_second"], "gain_p": pair["p"]}
 
 
 def _warn_if_near_chance(env, who, accuracy, classes, advice):
@@ -398,7 +423,22 @@ def report_notes(entry):
                   f"of its own: the student alone of a run with distill.mix=none is the one to beat.")
     return [f"Distillation ({method}) gained {m['gain_points']:+.2f} points: the distilled student reaches "
             f"{m['val_acc']:.2f}%, the same student trained alone ({same}) {m['baseline_val_acc']:.2f}%; the teacher "
-            f"{m['teacher_val_acc']:.2f}%.{'' if m.get('unlabelled_images') else _time_gain(m)}{extra}"]
+            f"{m['teacher_val_acc']:.2f}%.{_noise(m)}{'' if m.get('unlabelled_images') else _time_gain(m)}{extra}"]
+
+
+def _noise(m):
+    """Whether the two students differ beyond chance on these validation images (not across seeds)."""
+    if "gain_p" not in m:  # a run from before this was measured
+        return ""
+    from compress.quant.verify import p_text
+
+    told = (f" Of {m['val_images']:,} validation images, {m['distilled_only_right']:,} are right only with the "
+            f"distilled student and {m['alone_only_right']:,} only with the student alone (McNemar p "
+            f"{p_text(m['gain_p'])})")
+    if m["gain_p"] < 0.05:
+        return told + ": a difference beyond noise on these images (another seed still moves each student a little)."
+    return (told + ": within noise - these images cannot tell the two apart; more validation images, or runs with "
+            "other seeds, would.")
 
 
 def _time_gain(m):

@@ -95,6 +95,11 @@ def test_unlabelled_images_train_the_student_through_the_teacher(teacher_run, ti
             f"student alone trained for {-(-m['epochs'] * 640 // 600)} epochs (distill.epochs) would take as many "
             "steps") in report
     assert "of the way through the same learning-rate schedule" not in report
+    # is the gain beyond noise? the two students image by image, in the precision their accuracies were taken in
+    assert m["val_images"] * m["gain_points"] / 100 == pytest.approx(m["distilled_only_right"] - m["alone_only_right"],
+                                                                   abs=0.01)
+    assert (f"Of {m['val_images']:,} validation images, {m['distilled_only_right']} are right only with the distilled "
+            f"student and {m['alone_only_right']} only with the student alone (McNemar p ") in report
     # the gain in training time, from the two students' per-epoch files (the rule itself: tests/test_distill.py)
     distilled = json.loads((run / "distill/metrics.json").read_text())["epochs"]
     alone = json.loads((run / "distill/baseline/metrics.json").read_text())["epochs"][-1]["val_acc"]
