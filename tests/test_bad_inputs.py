@@ -188,10 +188,15 @@ CASES = {
     "checkpoint: replaced by hand, the stage reading it up to date": (  # was: "qat: up to date, skipped", exit 0
         lambda r, t: shutil.copyfile(r / "distill" / "baseline.safetensors", r / "distill" / "model.safetensors"),
         lambda r, t: ["run", "--run-dir", r, "--stages", "qat"], "was modified after it was written"),
-    "checkpoint: another model": (
+    "checkpoint: another model": (  # no hint loss: its teacher layer, not in light_cnn, is refused before (below)
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "model.teacher=light_cnn", "--set",
+                      "distill.hint.weight=0"],
+        "holds a 'resnet14' model but the config asks for 'light_cnn'"),
+    "distill: a teacher layer the new model.teacher has not, the teacher stage not run": (  # was: found in distill
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "model.teacher=light_cnn"],
-        "holds a 'resnet14' model but the config asks for 'light_cnn'"),
+        "distill.hint.teacher_layer: the teacher has no layer 'layers'; available layers: features"),
     "checkpoint: wrong dtype": (
         lambda r, t: as_half_precision(r),
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--force"], "wrong dtype"),
@@ -201,7 +206,7 @@ CASES = {
     "distill: wrong layer name": (
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "distill.hint.student_layer=block7"],
-        "the student has no layer 'block7'; available layers: stem"),
+        "the student has no layer 'block7'; did you mean 'block2' or 'block1' or 'block2.2'? available layers: stem"),
     "qat: a float layer the student has not": (  # was: ignored (every layer int8), yet listed as kept in float
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.float_layers=[stem, nosuch]"],

@@ -28,6 +28,19 @@ def test_wrong_layer_name_lists_the_available_layers():
         FeatureTap(build_model("resnet18", (3, 32, 32), 10), ["layer9"], role="teacher")
 
 
+def test_a_long_layer_list_shows_the_top_level_first_and_a_near_name_is_suggested():
+    """Was (second fresh-user pass): torchvision resnet18's 62 layers cut at 40 hid `avgpool`, the layer a user
+    wants after the default `pool` is refused."""
+    from compress.distill.teacher import layer_problems
+    from compress.models.features import layer_list
+
+    model = build_model("torchvision:resnet18", (3, 32, 32), 10)
+    assert layer_list(model).startswith("conv1, bn1, relu, maxpool, layer1, layer2, layer3, layer4, avgpool, fc at "
+                                        "the top level; all: conv1, bn1,")
+    d = load_config(None, ["distill.cosine.weight=1"]).distill  # cosine.teacher_layer: pool
+    assert "the teacher has no layer 'pool'; did you mean 'maxpool' or 'avgpool'?" in layer_problems(d, None, model)[0]
+
+
 def setup(*overrides, hint=True):
     cfg = load_config(None, ["data.name=digits", "distill.cosine.weight=0.3", "distill.kd.weight=0.5",
                              *(["distill.hint.weight=0.2", "distill.hint.student_layer=block1"] if hint else []),

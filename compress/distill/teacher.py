@@ -78,8 +78,13 @@ def layer_problems(d, student, teacher):
             continue
         for role, model in (("teacher", teacher), ("student", student)):
             name = getattr(getattr(d, loss), f"{role}_layer")
-            if model is not None and (not name or name not in dict(model.named_modules())):
-                found.append(f"distill.{loss}.{role}_layer: the {role} has no layer '{name}'; available layers: "
+            names = [n for n, _ in model.named_modules() if n] if model is not None else []
+            if model is not None and (not name or name not in names):
+                import difflib
+
+                close = difflib.get_close_matches(name or "", names, n=3)
+                hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+                found.append(f"distill.{loss}.{role}_layer: the {role} has no layer '{name}'; {hint}available layers: "
                              f"{layer_list(model)}")
     return found
 

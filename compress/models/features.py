@@ -29,6 +29,11 @@ class FeatureTap:
 
 
 def layer_list(model, limit=40):
+    """The model's layer names for an error message: all of them, or - when there are more than `limit` - the top
+    level first (torchvision's avgpool was past the cut), then the first `limit`."""
     names = [n for n, _ in model.named_modules() if n]
     shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+    if len(names) <= limit:
+        return shown
+    top = [n for n in names if "." not in n]
+    return f"{', '.join(top)} at the top level; all: {shown}, ... ({len(names) - limit} more)"

@@ -162,8 +162,9 @@ def _output_problem(model, shape, classes):
 def _feature_problems(cfg, stage_names, built, input_shape):
     """The cosine and hint losses' layers: a name the student has not, or - when this run trains the teacher
     first - a teacher layer it has not or feature shapes no regressor can match, fails now, not when distill starts
-    after the teacher's hours. One forward pass of zeros through the throwaway models. (A run that starts at
-    distill checks the teacher's layers there, after the checkpoint it loads is known to fit model.teacher.)"""
+    after the teacher's hours. One forward pass of zeros through the throwaway models. A run that starts at distill
+    builds model.teacher's architecture for it (its layer names and shapes do not depend on the weights; was: the
+    dry run said "distill run", and the run failed after "running again")."""
     d = cfg.distill
     if "distill" not in stage_names or not (d.cosine.weight or d.hint.weight) or "model.student" not in built:
         return []
@@ -173,6 +174,14 @@ def _feature_problems(cfg, stage_names, built, input_shape):
     from compress.errors import InputError
 
     student, teacher = built["model.student"], built.get("model.teacher")
+    if teacher is None:  # a run that starts at distill: the names are the architecture's, whatever its weights
+        from compress.data.datasets import num_classes_of
+        from compress.models.registry import build_model
+
+        try:
+            teacher = build_model(cfg.model.teacher, input_shape, num_classes_of(cfg.data))
+        except InputError:
+            teacher = None  # the distill stage says what is wrong with it, with the checkpoint in hand
     found = layer_problems(d, student, teacher)
     if not found and teacher is not None:
         try:
