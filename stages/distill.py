@@ -26,7 +26,7 @@ from compress.fileio import atomic_write_json, read_json, sha256_file
 from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained
 from compress.run.config import PAPER_SETTINGS, section_hash
-from compress.run.contract import Code, File, Images, Input, StageResult
+from compress.run.contract import DIGESTS, Code, File, Images, Input, StageResult
 from compress.run.report import evaluated_in, file_size
 from compress.training import distributed as dist
 from compress.training.checkpoint import load_weights, read_weights, save_weights
@@ -291,22 +291,42 @@ BASELINE_KEYS = ("seed", "data", "-data.unlabeled", "model.student", "model.stud
 def baseline_key(ctx, data, labelled, precision):
     """A hash of everything the student alone's training and its validation figures depend on: its config, its
     initial weights file, the labelled and validation images, the precision and memory layout, the processes and
-    threads (CPU results are bit-identical only at the same thread count)."""
-    weights = {k: v for k, v in ctx.state.inputs.items() if not k.startswith("teacher/")}
+    threads (CPU results are bit-identical only at the same thread count). Returns (key, the parts it hashes)."""
+    weights = {k: v for k, v in ctx.state.inputs.items()  # not the teacher, nor the unlabelled images it never sees
+               if not k.startswith(("teacher/", f"{DIGESTS[0]} data.unlabeled"))}
     made_with = {"config": section_hash(ctx.cfg, BASELINE_KEYS), "weights": weights,
                  "images": labelled.fingerprint(), "val": data.val.fingerprint(),
                  "precision": [precision.name, precision.layout], "world": ctx.env.world,
                  "device": ctx.env.device.type, "threads": torch.get_num_threads()}
-    return hashlib.sha256(json.dumps(made_with, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(made_with, sort_keys=True).encode()).hexdigest()[:16], made_with
 
 
-def _finished_baseline(ctx, key):
+BASELINE_PARTS = {"config": "its config (distill settings other than the losses, data, model.student)",
+                  "weights": "model.student_weights or the labelled images' listing", "images": "the labelled images",
+                  "val": "the validation images", "precision": "the precision or memory layout",
+                  "world": "the number of processes", "device": "the device",
+                  "threads": "the thread count (CPU results are reproducible only at the same one)"}
+
+
+def _why_again(saved, made_with):
+    """Why an earlier run's student alone cannot be reused, in words ('' when nothing says)."""
+    before = saved.get("made_with") if isinstance(saved, dict) else None
+    if not isinstance(before, dict):
+        return ""
+    changed = [BASELINE_PARTS[k] for k in BASELINE_PARTS if before.get(k) != made_with.get(k)]
+    return f"{', '.join(changed)} changed since" if changed else ""
+
+
+def _finished_baseline(ctx, key, made_with):
     """The per-epoch history of a student alone an earlier run trained with the same `key`, or None: not with
-    --force, and only when its weights file is the one that run wrote (checked by sha256)."""
+    --force, and only when its weights file is the one that run wrote (checked by sha256). Says why it is not
+    reused when an earlier one is there."""
     if ctx.state.reason == "--force":
         return None
     try:
         saved = read_json(ctx.run.path(OUTPUTS["baseline_metrics"]), "the student alone's metrics")
+        if isinstance(saved, dict) and saved.get("baseline_key") != key and _why_again(saved, made_with):
+            log.info("distill: training the student alone again: %s", _why_again(saved, made_with))
         if not isinstance(saved, dict) or saved.get("baseline_key") != key or not isinstance(saved.get("sha256"), str):
             return None
         _, meta = read_weights(ctx.run.path(OUTPUTS["baseline"]), expect_sha256=saved["sha256"])
@@ -325,8 +345,8 @@ def _train_baseline(ctx, data, labelled, val, precision):
     views, on the labelled images only (it has no labels for the rest) - so the run states what distilling
     gained. An earlier run's student alone is reused when nothing it depends on changed."""
     cfg, env, d = ctx.cfg, ctx.env, ctx.cfg.distill
-    key = dist.on_main(env, baseline_key, ctx, data, labelled, precision)
-    reused = dist.on_main(env, _finished_baseline, ctx, key)
+    key, made_with = dist.on_main(env, baseline_key, ctx, data, labelled, precision)
+    reused = dist.on_main(env, _finished_baseline, ctx, key, made_with)
     if reused:
         if env.is_main:
             log.info("distill: the student alone is the one an earlier run trained (%.2f%%): nothing it depends on "
@@ -353,7 +373,7 @@ def _train_baseline(ctx, data, labelled, val, precision):
                       "baseline_key": key})
         atomic_write_json(ctx.run.path(OUTPUTS["baseline_metrics"]),
                           {"stage": "distill baseline", "epochs": history, "baseline_key": key,
-                           "sha256": sha256_file(ctx.run.path(OUTPUTS["baseline"]))})
+                           "made_with": made_with, "sha256": sha256_file(ctx.run.path(OUTPUTS["baseline"]))})
     return history
 
 

@@ -98,6 +98,8 @@ def test_unlabelled_images_train_the_student_through_the_teacher(teacher_run, ti
     # is the gain beyond noise? the two students image by image, in the precision their accuracies were taken in
     assert m["val_images"] * m["gain_points"] / 100 == pytest.approx(m["distilled_only_right"] - m["alone_only_right"],
                                                                    abs=0.01)
+    without = distill(run, tiny_config, "data.unlabeled=null", "distill.baseline=true", in_process=True)
+    assert "distill: the student alone is the one an earlier run trained" in without.stderr  # it never saw them
     assert (f"Of {m['val_images']:,} validation images, {m['distilled_only_right']} are right only with the distilled "
             f"student and {m['alone_only_right']} only with the student alone (McNemar p ") in report
     # the gain in training time, from the two students' per-epoch files (the rule itself: tests/test_distill.py)
@@ -261,3 +263,5 @@ def test_the_student_alone_is_reused_when_only_the_teacher_or_the_losses_changed
     assert metrics(run)["baseline_val_acc"] == alone
     changed = invoke(*base, "--set", "distill.kd.method=dist", "--set", "distill.lr=0.02")
     assert changed.exit_code == 0 and "the one an earlier run trained" not in changed.stderr  # it depends on lr
+    assert "distill: training the student alone again: its config (distill settings other than the losses, data, " \
+           "model.student) changed since" in changed.stderr  # was: retrained without a word (second fresh-user pass)
