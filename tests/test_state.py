@@ -268,9 +268,16 @@ def test_a_checkpoint_of_another_config_or_a_damaged_one_starts_over(run):
     assert decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason == (
         "its resume checkpoint (teacher/last/checkpoint.safetensors) was written by an earlier run with another "
         "config; starting over")
-    checkpoint(run, "teacher", cfg(), epoch=9, step=0)  # beyond the configured 4 epochs
+    checkpoint(run, "teacher", cfg(), epoch=9, step=0)  # beyond the configured 4 epochs: a longer run's, not damaged
+    reason = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason  # (was: "damaged" - fresh-user pass)
+    assert reason == ("the resume checkpoint is of an earlier run that got to epoch 9, past the 4 epochs asked now; "
+                      "starting over")
+    run.update_stage("teacher", config_hash=section_hash(cfg("teacher.epochs=2"), STAGES["teacher"].CONFIG_KEYS))
+    assert stage_states(run, STAGES)["teacher"] == (  # the interrupted run asked for other settings (was: resumable)
+        "interrupted", "its resume checkpoint is of an earlier run with another config; will start over")
+    checkpoint(run, "teacher", cfg(), epoch=1, step=-1)
     reason = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason
-    assert reason.startswith("the resume checkpoint is damaged ('epoch' 9 is beyond") and "starting over" in reason
+    assert reason.startswith("the resume checkpoint is damaged ('step' is -1") and "starting over" in reason
     write(run, checkpoint_rel("teacher"), b"\x00garbage")
     reason = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason
     assert reason.startswith("the resume checkpoint is unreadable") and reason.endswith("starting over")

@@ -84,6 +84,9 @@ def read_resume(run, stage, part="", epochs=None):
     except CompressError as e:  # its advice (delete it, or --force) is what happens anyway: it starts over
         return None, f"the resume checkpoint is unreadable ({str(e).split('; delete it')[0]})"
     problem = resume_state_problem(state, epochs)
+    if problem and resume_state_problem(state, None) is None:  # sound, but of a longer schedule than asked now
+        return None, (f"the resume checkpoint is of an earlier run that got to epoch {state['epoch']}, past the "
+                      f"{epochs} epochs asked now")
     if problem:
         return None, f"the resume checkpoint is damaged ({problem})"
     made_with = {"config_hash": state.get("config_hash"), "inputs": state.get("inputs", {}),
@@ -385,6 +388,8 @@ def _state(run, name, entries, states):
     point, problem = read_resume(run, name)
     if point is None:
         detail = f"{problem}; will start over" if problem else "no resume checkpoint; will start over"
+    elif entry.get("config_hash") and not _same_config(point.extra["_made_with"], entry):
+        detail = "its resume checkpoint is of an earlier run with another config; will start over"  # was: resumable
     else:
         detail = f"resumable at epoch {point.epoch + 1}, step {point.step}"
     return "interrupted", detail
