@@ -16,7 +16,7 @@ import time
 import torch
 
 from compress.data.datasets import load_data
-from compress.data.sampling import eval_loader, train_loader
+from compress.data.sampling import train_loader
 from compress.distill.feature_losses import cosine_loss, hint_loss
 from compress.distill.logit_losses import logit_loss
 from compress.distill.store import StoreSpec, TeacherOutputStore, default_top_k
@@ -195,32 +195,37 @@ def run(ctx):
     result = _result(cfg, history, baseline, teacher_acc, student, teacher, replicas, precision, teacher_outputs,
                      labelled, len(train_set) - len(labelled))
     if baseline:  # is the gain beyond noise on these images? the exact McNemar test, as export does for QAT vs PTQ
-        result.metrics.update(dist.on_main(env, _paired_students, ctx, data, precision))
+        result.metrics.update(_paired_students(ctx, data, val, precision, student.student))
     result.metrics["peak_rss_mb"] = dist.peak_rss_mb(env)  # per process: the store is memory-mapped, not copied
     return result
 
 
-def _paired_students(ctx, data, precision):
-    """The distilled student against the student alone, image by image on the validation set (rank 0, the whole
-    set, the precision they were validated in): how many each alone gets right, and the McNemar p of that."""
-    from compress.quant.verify import paired
+def _paired_students(ctx, data, val, precision, student):
+    """The distilled student against the student alone, image by image on the validation images - on every rank,
+    its share of them through the loader and precision that gave the reported accuracies, the counts summed: how
+    many each alone gets right, and the McNemar p of that."""
+    from compress.quant.verify import mcnemar_p
 
-    loader, right = eval_loader(data.val, ctx.cfg.train.eval_batch_size, 0, 1), {}
-    for key in ("model", "baseline"):
-        model = build_model(ctx.cfg.model.student, data.input_shape, data.num_classes)
-        load_weights(model, ctx.run.path(OUTPUTS[key]))
-        model = model.to(ctx.env.device).eval()
-        placed = precision.place([model], data.val.batch([0]).x)
-        hits = []
-        with torch.no_grad():
-            for batch in loader:
-                with placed.autocast():
-                    logits = model(placed.inputs(batch.x, ctx.env.device)).float()
-                hits.append((logits.argmax(1).cpu() == batch.y).cpu())
-        right[key] = torch.cat(hits)
-    pair = paired(right["model"], right["baseline"])
-    return {"val_images": len(right["model"]), "distilled_only_right": pair["only_first"],
-            "alone_only_right": pair["only_second"], "gain_p": pair["p"]}
+    env = ctx.env
+    dist.barrier(env)  # rank 0 has written the student alone's file
+    alone = build_model(ctx.cfg.model.student, data.input_shape, data.num_classes)
+    load_weights(alone, ctx.run.path(OUTPUTS["baseline"]))
+    alone = alone.to(env.device).eval()
+    placed = precision.place([alone], data.val.batch([0]).x)
+    student.eval()
+    counts = torch.zeros(3, dtype=torch.float64)  # right only distilled, right only alone, images
+    with torch.no_grad():
+        for batch in val:
+            y = batch.y.to(env.device)
+            with precision.autocast():
+                first = student(precision.inputs(batch.x, env.device)).float().argmax(1) == y
+            with placed.autocast():
+                second = alone(placed.inputs(batch.x, env.device)).float().argmax(1) == y
+            counts += torch.tensor([(first & ~second).sum().item(), (second & ~first).sum().item(), len(y)],
+                                   dtype=torch.float64)
+    only_first, only_second, images = (int(v) for v in dist.all_reduce(env, counts).tolist())
+    return {"val_images": images, "distilled_only_right": only_first, "alone_only_right": only_second,
+            "gain_p": mcnemar_p(only_first, only_second)}
 
 
 def _warn_if_near_chance(env, who, accuracy, classes, advice):
@@ -293,7 +298,7 @@ def baseline_key(ctx, data, labelled, precision):
     initial weights file, the labelled and validation images, the precision and memory layout, the processes and
     threads (CPU results are bit-identical only at the same thread count). Returns (key, the parts it hashes)."""
     weights = {k: v for k, v in ctx.state.inputs.items()  # not the teacher, nor the unlabelled images it never sees
-               if not k.startswith(("teacher/", f"{DIGESTS[0]} data.unlabeled"))}
+               if not k.startswith(("teacher/", f"{DIGESTS[0]} data.unlabeled", f"{DIGESTS[1]} model.teacher"))}
     made_with = {"config": section_hash(ctx.cfg, BASELINE_KEYS), "weights": weights,
                  "images": labelled.fingerprint(), "val": data.val.fingerprint(),
                  "precision": [precision.name, precision.layout], "world": ctx.env.world,
@@ -302,7 +307,8 @@ def baseline_key(ctx, data, labelled, precision):
 
 
 BASELINE_PARTS = {"config": "its config (distill settings other than the losses, data, model.student)",
-                  "weights": "model.student_weights or the labelled images' listing", "images": "the labelled images",
+                  "weights": "model.student_weights, the labelled images' listing or model.student's code",
+                  "images": "the labelled images",
                   "val": "the validation images", "precision": "the precision or memory layout",
                   "world": "the number of processes", "device": "the device",
                   "threads": "the thread count (CPU results are reproducible only at the same one)"}
@@ -436,8 +442,8 @@ def report_notes(entry):
         extra = (f" The distilled student also learned from {m['unlabelled_images']:,} unlabelled images through the "
                  f"teacher; the student trained alone saw only the {m['labelled_images']:,} labelled ones, so each of "
                  f"its epochs was {ratio:.1f}x fewer optimizer steps: part of the gain is that extra training. The "
-                 f"student alone trained for {math.ceil(m['epochs'] * ratio)} epochs (distill.epochs) would take as "
-                 f"many steps; compare with it before crediting the teacher with all of the gain.")
+                 f"student alone trained for {math.ceil(m['epochs'] * ratio)} epochs would take as many steps; "
+                 f"compare with it before crediting the teacher with all of the gain.")
     if m.get("mix", "none") != "none":  # the same augmentation for both, but mixing can handicap the one alone
         extra += (f" Both students trained on {m['mix']}-mixed images, which can cost a student trained alone points "
                   f"of its own: the student alone of a run with distill.mix=none is the one to beat.")

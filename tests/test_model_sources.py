@@ -196,6 +196,42 @@ def test_a_user_model_that_does_not_give_class_scores_is_named_before_anything_r
             assert any(p.startswith(f"model.student: {name} {message}") for p in found), found
 
 
+def test_a_teacher_that_fails_on_the_images_is_a_config_error_with_feature_losses_too(tmp_path, monkeypatch):
+    """The review: with a feature loss, preflight probed a teacher its own check had refused, and a teacher whose
+    forward asserts on the image size became "unexpected AssertionError" (exit 1) instead of the config error."""
+    from compress.run.preflight import problems
+
+    (tmp_path / "sized.py").write_text(textwrap.dedent("""\
+        import torch.nn as nn
+
+        class Sized(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.features = nn.Sequential(nn.Conv2d(3, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+                self.fc = nn.Linear(8, n)
+
+            def forward(self, x):
+                assert x.shape[-1] == 32, "Wrong image height!"
+                return self.fc(self.features(x))
+
+        def sized(num_classes):
+            return Sized(num_classes)
+        """))
+    monkeypatch.chdir(tmp_path)
+    image = tmp_path / "img"
+    for cls in ("a", "b"):
+        (image / cls).mkdir(parents=True)
+    for stages in (["teacher", "distill"], ["distill"]):
+        cfg = load_config(None, ["data.name=imagefolder", f"data.root={image}", "data.image_size=16",
+                                 "model.teacher=sized:sized", "distill.hint.weight=1",
+                                 "distill.hint.teacher_layer=features", "distill.hint.student_layer=block1"])
+        found = problems(cfg, stages, 1)  # raised nothing else (was: AssertionError out of the probe)
+        if "teacher" in stages:
+            assert any(p.startswith("model.teacher: sized:sized fails on a batch of 2 images") for p in found), found
+        else:  # the distill stage names it, with the checkpoint in hand
+            assert not any("Wrong image height" in p for p in found), found
+
+
 def test_torchvision_models_adapt_to_grayscale_and_classes():
     model = build_model("torchvision:efficientnet_b0", (1, 64, 64), 3)
     assert model(torch.zeros(1, 1, 64, 64)).shape == (1, 3)

@@ -36,4 +36,5 @@ def layer_list(model, limit=40):
     if len(names) <= limit:
         return shown
     top = [n for n in names if "." not in n]
-    return f"{', '.join(top)} at the top level; all: {shown}, ... ({len(names) - limit} more)"
+    top_shown = ", ".join(top[:limit]) + (f", ... ({len(top) - limit} more)" if len(top) > limit else "")
+    return f"{top_shown} at the top level; all: {shown}, ... ({len(names) - limit} more)"

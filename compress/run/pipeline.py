@@ -17,7 +17,7 @@ from compress.data.imagefolder import listed_once
 from compress.errors import CompressError, InputError, Interrupted, StageFailed
 from compress.fileio import sha256_file
 from compress.run import preflight, schema
-from compress.run.config import ConfigView, read_yaml
+from compress.run.config import ConfigView, load_config, read_yaml
 from compress.run.context import StageContext
 from compress.run.contract import DIGESTS, StageResult
 from compress.run.report import write_report
@@ -63,7 +63,7 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
                 raise
             if env.is_main:
                 results["report"] = write_report(run, STAGES)
-                _say_what_went_stale(run, stage_names, cfg if any(results.values()) else None)
+                _say_what_went_stale(run, stage_names, read_config(run.config_path) if writer.wrote else None)
     return results
 
 
@@ -118,6 +118,11 @@ def _report_quietly(run):
         write_report(run, STAGES)
     except Exception as e:  # the stage's own error is the one to show
         log.debug("no report after the failure: %s", e)
+
+
+def read_config(path):
+    """The config a run directory's config.yaml holds (as the next plain `compress run` there reads it)."""
+    return load_config(path, [])
 
 
 def _say_what_went_stale(run, stage_names, written_cfg):
@@ -207,8 +212,10 @@ class _ConfigWriter:
     def __init__(self, run, cfg, saved, run_log):
         self.run, self.cfg, self.run_log = run, cfg, run_log
         self.raw = saved if isinstance(saved, dict) else None
+        self.wrote = False  # whether a stage of this run wrote config.yaml
 
     def stage_began(self, spec):
+        self.wrote = True
         self.run_log.begin()
         new = schema.to_dict(self.cfg)
         if self.raw is None:
@@ -229,7 +236,8 @@ class _StageRun:
         self.start = time.perf_counter()
         self.earlier = 0.0  # a resumed stage's time in the runs it continues (was: only the last one's counted)
         if state.action == "resume" and env.is_main:
-            earlier = (run.manifest()["stages"].get(spec.NAME) or {}).get("seconds")
+            entry = run.manifest()["stages"].get(spec.NAME) or {}
+            earlier = entry.get("seconds") if entry.get("status") in ("interrupted", "failed") else None
             self.earlier = float(earlier) if isinstance(earlier, (int, float)) else 0.0
 
     def begin(self):
@@ -241,6 +249,7 @@ class _StageRun:
             d = self.state
             self.run.update_stage(self.spec.NAME, status="running", config_hash=d.config_hash, config=d.config,
                                   result_hash=d.result_hash, inputs=d.inputs, outputs={}, started=now(), finished=None,
+                                  seconds=None,  # a completed run's time is not this one's (a kill -9 writes none)
                                   world_size=self.env.world, device=str(self.env.device), versions=versions(),
                                   message=None)
         if not self.spec.RANK0_ONLY:

@@ -174,20 +174,26 @@ def _feature_problems(cfg, stage_names, built, input_shape):
     from compress.errors import InputError
 
     student, teacher = built["model.student"], built.get("model.teacher")
-    if teacher is None:  # a run that starts at distill: the names are the architecture's, whatever its weights
-        from compress.data.datasets import num_classes_of
+    if "teacher" not in stage_names:  # a run that starts at distill: the names are the architecture's, whatever
+        from compress.data.datasets import num_classes_of  # its weights (a teacher this run trains was checked above)
         from compress.models.registry import build_model
 
         try:
             teacher = build_model(cfg.model.teacher, input_shape, num_classes_of(cfg.data))
         except InputError:
             teacher = None  # the distill stage says what is wrong with it, with the checkpoint in hand
+        if teacher is not None and _output_problem(teacher, input_shape, num_classes_of(cfg.data)):
+            teacher = None  # likewise: its forward pass is the distill stage's to report
     found = layer_problems(d, student, teacher)
     if not found and teacher is not None:
         try:
             wire_features(d, student, teacher, torch.zeros(2, *input_shape))
         except InputError as e:
             found.append(str(e))
+        except Exception as e:  # a forward pass that fails on the probe: the models' own checks name it
+            found.append(f"distill: probing the feature layers failed ({e.__class__.__name__}: "
+                         f"{str(e).splitlines()[0][:200] if str(e) else ''}); check distill.cosine/hint layers and "
+                         "data.image_size")
     return found
 
 

@@ -150,7 +150,7 @@ def _same_config(recorded, base):
     the same folder spelled another way...). A record without a result hash (an older version's) must match
     exactly."""
     return recorded.get("config_hash") == base["config_hash"] or bool(
-        recorded.get("result_hash") and recorded["result_hash"] == base["result_hash"])
+        recorded.get("result_hash") and recorded["result_hash"] == base.get("result_hash"))
 
 
 def _as_recorded(inputs, recorded):
