@@ -121,8 +121,12 @@ def _report_quietly(run):
 
 
 def read_config(path):
-    """The config a run directory's config.yaml holds (as the next plain `compress run` there reads it)."""
-    return load_config(path, [])
+    """The config a run directory's config.yaml holds (as the next plain `compress run` there reads it), or None
+    when it cannot be read back (then nothing is said about the stages left out; the run itself is done)."""
+    try:
+        return load_config(path, [])
+    except CompressError:
+        return None
 
 
 def _say_what_went_stale(run, stage_names, written_cfg):
