@@ -331,8 +331,9 @@ def _finished_baseline(ctx, key, made_with):
         return None
     try:
         saved = read_json(ctx.run.path(OUTPUTS["baseline_metrics"]), "the student alone's metrics")
-        if isinstance(saved, dict) and saved.get("baseline_key") != key and _why_again(saved, made_with):
-            log.info("distill: training the student alone again: %s", _why_again(saved, made_with))
+        why = _why_again(saved, made_with) if isinstance(saved, dict) and saved.get("baseline_key") != key else ""
+        if why:
+            log.info("distill: training the student alone again: %s", why)
         if not isinstance(saved, dict) or saved.get("baseline_key") != key or not isinstance(saved.get("sha256"), str):
             return None
         _, meta = read_weights(ctx.run.path(OUTPUTS["baseline"]), expect_sha256=saved["sha256"])

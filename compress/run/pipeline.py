@@ -171,6 +171,12 @@ def _record_new_digests(run, name, inputs):
         run.update_stage(name, inputs={**recorded, **new})
 
 
+def _held_elsewhere(run):
+    """Who else holds the run directory's lock ('' for nobody, and in `--nproc-per-node` workers, whose launcher
+    holds it for them)."""
+    return lock_holder(run) if os.environ.get(LOCK_ENV) != run.root else ""
+
+
 def _busy_message(holder, run):
     return f"another compress run ({holder}) is using {run.root}; wait for it to finish or use another --run-dir"
 
@@ -180,7 +186,7 @@ def check_run_dir(run, cfg, stage_names, writing=True):
     write to), a corrupt manifest, and a stage whose input neither the directory holds nor an earlier stage of this
     run writes."""
     run.check_usable(writing)
-    holder = lock_holder(run) if writing and os.environ.get(LOCK_ENV) != run.root else ""
+    holder = _held_elsewhere(run) if writing else ""
     if holder:  # before the stages are read: one still running looks unfinished ("run the qat stage first")
         raise InputError(_busy_message(holder, run))
     missing = missing_upstream(run, cfg, stage_names, STAGES)  # reads the manifest: a corrupt one is refused here
@@ -307,7 +313,7 @@ def _plan(cfg, run, stage_names, force, world):
     from compress.run.contract import Input
 
     data = preflight.check(cfg, stage_names, world, run_root=run.root)
-    holder = lock_holder(run) if os.environ.get(LOCK_ENV) != run.root else ""
+    holder = _held_elsewhere(run)
     try:
         check_run_dir(run, cfg, stage_names, writing=False)  # a dry run writes nothing: it plans a read-only run too
     except InputError:

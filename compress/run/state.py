@@ -103,7 +103,7 @@ def decide(run, cfg, spec, force, stages, world):
     inputs, sources = _inputs(run, cfg, spec, entries, states, stages)
     base = {"stage": spec.NAME, "config_hash": section_hash(cfg, spec.CONFIG_KEYS),
             "config": config_slice(cfg, spec.CONFIG_KEYS), "inputs": inputs, "sources": sources,
-            "result_hash": result_hash(cfg, spec.CONFIG_KEYS, f"{DIGESTS[0]} data.root" in inputs)}
+            "result_hash": result_hash(cfg, spec.CONFIG_KEYS, _images_followed(inputs))}
     entry = entries.get(spec.NAME)
     if force:
         return StageState(action="fresh", reason="--force", announce="running (--force)", **base)
@@ -302,10 +302,7 @@ def _external_sha256(item):
 def _changes(run, entry, decision):
     """Why a completed stage must run again, or '' when it is up to date."""
     if not _same_config(entry, decision):
-        old, new = entry.get("config") or {}, decision["config"]
-        followed = f"{DIGESTS[0]} data.root" in decision["inputs"]  # the keys that count: data.cache_mb changed
-        keys = _diff_keys(as_it_counts(old, followed), as_it_counts(new, followed)) or _diff_keys(old, new)  # beside
-        # teacher.lr is not named (and cannot push the key that counts out of the four shown)
+        keys = _keys_that_count(entry.get("config") or {}, decision["config"], _images_followed(decision["inputs"]))
         return f"config changed ({', '.join(keys[:4]) or 'config'})"
     for rel, sha in _as_recorded(decision["inputs"], entry.get("inputs", {})).items():
         if entry.get("inputs", {}).get(rel) != sha:
@@ -335,13 +332,23 @@ def config_drift(run, cfg, stages, names):
         entry, keys = entries.get(name) or {}, stages[name].CONFIG_KEYS
         if entry.get("status") != "complete":
             continue
-        followed = f"{DIGESTS[0]} data.root" in entry.get("inputs", {})
+        followed = _images_followed(entry.get("inputs", {}))
         now = {"config_hash": section_hash(cfg, keys), "result_hash": result_hash(cfg, keys, followed)}
         if not _same_config(entry, now):
-            old, new = entry.get("config") or {}, config_slice(cfg, keys)
-            found.append((name, _diff_keys(as_it_counts(old, followed), as_it_counts(new, followed))
-                          or _diff_keys(old, new)))
+            found.append((name, _keys_that_count(entry.get("config") or {}, config_slice(cfg, keys), followed)))
     return found
+
+
+def _images_followed(inputs):
+    """Whether a stage's inputs hold data.root's listing digest (an image folder's split keys then count through it)."""
+    return f"{DIGESTS[0]} data.root" in inputs
+
+
+def _keys_that_count(old, new, followed):
+    """The config keys that differ between two slices, those that can change a result first: data.cache_mb changed
+    beside teacher.lr is not named (and cannot push the key that counts out of the four a message shows); all the
+    differing keys when none counts."""
+    return _diff_keys(as_it_counts(old, followed), as_it_counts(new, followed)) or _diff_keys(old, new)
 
 
 def _diff_keys(old, new, prefix=""):
