@@ -15,7 +15,6 @@ import time
 
 import torch
 
-from compress.data.datasets import load_data
 from compress.data.sampling import train_loader
 from compress.distill.feature_losses import cosine_loss, hint_loss
 from compress.distill.logit_losses import logit_loss
@@ -153,7 +152,7 @@ def _loss_problems(d):
 
 def run(ctx):
     cfg, env, d = ctx.cfg, ctx.env, ctx.cfg.distill
-    data = load_data(cfg.data, cfg.seed, unlabeled=True)
+    data = ctx.load_data(unlabeled=True)
     augmented = data.train.augment.active or d.mix != "none"
     labelled = data.train.with_augment(views=d.views_for(augmented), view_seed=d.view_seed, mix=d.mix,
                                        mix_alpha=d.mix_alpha)

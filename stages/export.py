@@ -11,7 +11,6 @@ import torch
 
 from compress import __version__
 from compress.cpus import busy_elsewhere, usable_cpus
-from compress.data.datasets import load_data
 from compress.data.sampling import eval_loader
 from compress.deploy.latency import latency_table, latency_tables, speedup_text
 from compress.deploy.onnx_model import INT8_KERNELS, OnnxModel, optimized_op_types
@@ -48,7 +47,7 @@ def inputs(cfg):
 
 def run(ctx):
     cfg, e = ctx.cfg, ctx.cfg.export
-    data = load_data(cfg.data, cfg.seed)
+    data = ctx.load_data()
     model_name = quantized_model(cfg.model, cfg.qat.source)
     float_model, _ = ctx.load_model(cfg.qat.source, model_name, data)
     int8_model, qconfig = _rebuild_int8(ctx, model_name, data)

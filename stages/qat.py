@@ -8,7 +8,6 @@ import math
 import torch
 
 from compress.cpus import usable_cpus
-from compress.data.datasets import load_data
 from compress.data.sampling import eval_loader
 from compress.deploy.latency import speedup_text
 from compress.distill.logit_losses import hinton
@@ -42,7 +41,7 @@ def inputs(cfg):
 
 def run(ctx):
     cfg, env, q = ctx.cfg, ctx.env, ctx.cfg.qat
-    data = load_data(cfg.data, cfg.seed)
+    data = ctx.load_data()
     model_name = quantized_model(cfg.model, q.source)
     float_model, _ = ctx.load_model(q.source, model_name, data)
     # QAT trains in fp32 whatever train.precision says: fake-quant observers learn the activation ranges the

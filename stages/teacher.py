@@ -5,7 +5,6 @@ import logging
 
 import torch
 
-from compress.data.datasets import load_data
 from compress.fileio import atomic_write_json
 from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained
@@ -42,7 +41,7 @@ def build_teacher(cfg, data):
 
 def run(ctx):
     cfg, env, t = ctx.cfg, ctx.env, ctx.cfg.teacher
-    data = load_data(cfg.data, cfg.seed)
+    data = ctx.load_data()
     model = build_teacher(cfg, data).to(env.device)  # a wrong weights file fails here: nothing written
     precision = ctx.precision([model], data.train.batch([0]).x)
     train_set = data.train.with_augment(mix=t.mix, mix_alpha=t.mix_alpha)

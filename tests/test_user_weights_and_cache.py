@@ -1,16 +1,11 @@
 """Weights files as users bring them (Lightning-style prefixes, a state dict under an unknown key, weights made for
-3-channel images, backbone-only weights) and the decoded-image cache's budget with images of different sizes."""
+3-channel images, backbone-only weights)."""
 
-import logging
 
-import numpy as np
 import pytest
 import torch
 import torchvision
-from PIL import Image
 
-from compress.data.imageset import FileImages
-from compress.deploy import imageio
 from compress.errors import InputError
 from compress.models.registry import build_model
 from compress.models.weights import load_pretrained
@@ -109,38 +104,6 @@ def test_backbone_only_weights_load_and_the_head_is_trained_from_scratch(tmp_pat
     torch.save({k: v for k, v in resnet18_state().items() if k != "fc.bias"}, tmp_path / "half.pth")
     with pytest.raises(InputError, match=r"missing keys: fc.bias\)"):
         load_pretrained(fresh_resnet18(), str(tmp_path / "half.pth"), "model.student_weights")
-
-
-# ---------------------------------------------------------------- the decoded-image cache
-
-
-def images_of_growing_size(folder, sizes):
-    rng = np.random.default_rng(0)
-    paths = []
-    for i, (h, w) in enumerate(sizes):
-        path = folder / f"{i}.png"
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
-        paths.append(str(path))
-    return paths
-
-
-def test_the_image_cache_counts_every_images_bytes_not_the_first_ones(tmp_path, caplog):
-    # random_resized_crop keeps each image at its own size: a small first image made the whole set look tiny
-    files = images_of_growing_size(tmp_path, [(8, 8)] + [(200, 150)] * 5)
-    shape, rule = (3, 32, 32), imageio.resize_rule(32)
-    budget = 8 * 8 * 3 + 2 * 200 * 150 * 3 + 1000  # the first three fit; all six would be ~450 kB
-    with caplog.at_level(logging.INFO, logger="compress.data.imageset"):
-        cached = FileImages(files, shape, rule, keep_original=True, cache_bytes=budget)
-    assert sum(image.numel() * image.element_size() for image in cached.cache) <= budget
-    assert len(cached.cache) == 3
-    assert "the first 3 of 6 images" in caplog.text and "decoding the other 3 every batch" in caplog.text
-
-    uncached = FileImages(files, shape, rule, keep_original=True)
-    everything = FileImages(files, shape, rule, keep_original=True, cache_bytes=2**30)
-    assert uncached.cache is None and len(everything.cache) == 6
-    for i in range(len(files)):
-        assert torch.equal(cached.source(i), uncached.source(i)) and torch.equal(cached.source(i), everything.source(i))
-    assert torch.equal(cached.fitted(range(6)), uncached.fitted(range(6)))
 
 
 def test_a_teacher_taken_as_given_whose_head_would_be_new_is_refused(tmp_path, tiny_config):

@@ -70,12 +70,12 @@ def _shipped_csv(package, parts):
     return data[:, :-1].astype(np.float64), data[:, -1]
 
 
-def load_mnist5k(cfg, seed):
+def load_mnist5k(cfg, seed, place=None):  # in memory already: no pixel cache
     images, labels = _mnist5k_tensors()
     return _in_memory(cfg, images, labels, tuple(str(i) for i in range(10)), seed, flip_default=False)
 
 
-def load_digits(cfg, seed):
+def load_digits(cfg, seed, place=None):  # in memory already: no pixel cache
     grey, target = _digits_arrays()
     images = (torch.from_numpy(grey) * (255.0 / 16.0)).round().to(torch.uint8).view(-1, 1, 8, 8)
     return _in_memory(cfg, images, torch.from_numpy(target).long(), tuple(str(i) for i in range(10)), seed,
@@ -94,7 +94,7 @@ def _digits_arrays():
     return x.reshape(-1, 8, 8), y
 
 
-def load_cifar10(cfg, seed):
+def load_cifar10(cfg, seed, place=None):  # in memory already: no pixel cache
     from torchvision.datasets import CIFAR10
 
     root = os.path.expanduser(cfg.root or "~/.cache/compress/cifar10")

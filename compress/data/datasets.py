@@ -59,10 +59,11 @@ def num_classes_of(cfg):
         return 2
 
 
-def load_data(cfg, seed, unlabeled=False):
+def load_data(cfg, seed, unlabeled=False, place=None):
     """Build the train/val splits for `cfg` (a DataConfig) and attach normalisation (given, or computed on the
-    training split). `seed` seeds the training augmentation; `unlabeled` also loads data.unlabeled's images."""
-    train, val, class_names, how = loader(cfg.name)(cfg, seed)
+    training split). `seed` seeds the training augmentation; `unlabeled` also loads data.unlabeled's images.
+    Image files are decoded once, into the pixel cache at `place` (`compress.data.pixels.Place`) when given."""
+    train, val, class_names, how = loader(cfg.name)(cfg, seed, place)
     if len(train) == 0 or len(val) == 0:
         raise InputError(f"data: the {'training' if len(train) == 0 else 'validation'} split of {cfg.name} is "
                          "empty; add images or change data.val_fraction")
@@ -77,7 +78,7 @@ def load_data(cfg, seed, unlabeled=False):
     if unlabeled and cfg.unlabeled:
         from compress.data.imagefolder import load_unlabeled
 
-        extra = load_unlabeled(cfg, train)
+        extra = load_unlabeled(cfg, train, place)
     for split in (train, val, extra):
         if split is not None:
             split.normalise_with(mean, std)

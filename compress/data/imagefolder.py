@@ -10,7 +10,8 @@ from collections import Counter
 import torch
 
 from compress.data.builtin import _split, augment_of
-from compress.data.imageset import UNLABELLED, FileImages, ImageSet, unreadable_sentence
+from compress.data.imageset import UNLABELLED, FileImages, ImageSet
+from compress.data.pixels import unreadable_sentence
 from compress.data.registry import input_shape_of
 from compress.deploy import imageio
 from compress.deploy.folders import class_folders, skipped, split_folders, split_name
@@ -156,8 +157,9 @@ def _listing_digest(cfg, key):
     return h.hexdigest()
 
 
-def load_imagefolder(cfg, seed):
-    """Training and validation sets of image files laid out as `scan` found them."""
+def load_imagefolder(cfg, seed, place=None):
+    """Training and validation sets of image files laid out as `scan` found them, decoded once (into the run's
+    pixel cache at `place`, when given)."""
     found = scan(cfg)
     channels, size, _ = input_shape_of(cfg)
     rule = imageio.resize_rule(size, cfg.eval_crop)
@@ -167,7 +169,7 @@ def load_imagefolder(cfg, seed):
     def subset(items, augment):
         storage = FileImages([p for p, _ in items], (channels, size, size), rule,
                              keep_original=augment is not None and augment.kind == "random_resized_crop",
-                             cache_bytes=budget)
+                             cache_bytes=budget, place=place, role="train" if augment is not None else "val")
         return ImageSet([label for _, label in items], (channels, size, size), storage, augment, rule)
 
     how = f"{found['layout']}: {len(found['train'])}/{len(found['val'])} images"
@@ -291,10 +293,11 @@ def unlabeled_problem(cfg):
     return f"data.unlabeled: {unreadable_sentence(bad, len(files))}" if bad else ""
 
 
-def load_unlabeled(cfg, train):
-    """data.unlabeled's images as a set with label -1, at the training images' shape and eval rule (decoded
-    once into memory when they fit data.cache_mb, so an unreadable file is found here, naming it)."""
+def load_unlabeled(cfg, train, place=None):
+    """data.unlabeled's images as a set with label -1, at the training images' shape and rules, decoded once
+    like them (so an unreadable file is found here, naming it)."""
     files = unlabeled_files(cfg)
     storage = FileImages(files, train.image_shape, train.rule,
-                         keep_original=train.augment.kind == "random_resized_crop", cache_bytes=cfg.cache_mb * 2**20)
+                         keep_original=train.augment.kind == "random_resized_crop", cache_bytes=cfg.cache_mb * 2**20,
+                         place=place, role="unlabeled")
     return ImageSet([UNLABELLED] * len(files), train.image_shape, storage, train.augment, train.rule)

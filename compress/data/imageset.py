@@ -21,9 +21,8 @@ from typing import NamedTuple
 
 import torch
 
-from compress.data import transforms
+from compress.data import pixels, transforms
 from compress.deploy import imageio
-from compress.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -104,23 +103,30 @@ def _absolute(files):
 
 
 class FileImages:
-    """One image file per sample: decoded per batch, or once into memory as far as they fit `cache_bytes` (the
-    rest decoded per batch). With `keep_original` (random_resized_crop crops from the full image) the decoded
-    image keeps its own size, so images differ in bytes and the budget counts each one's."""
+    """One image file per sample, decoded once (`compress.data.pixels`): at the rule's size, or - with
+    `keep_original` (random_resized_crop crops from the whole image) - whole, at the shorter side training
+    needs. The pixels are held in memory up to `cache_bytes`, else memory-mapped from the run's cache (`place`);
+    without a cache folder and over the budget they are decoded every batch, and `how` says what fixes that."""
 
-    def __init__(self, files, image_shape, rule, keep_original=False, cache_bytes=0):
-        self.files, self.image_shape, self.rule, self.keep_original = list(files), tuple(image_shape), rule, \
-            keep_original
-        self.cache = None
-        if self.files and cache_bytes:
-            self._fill_cache(cache_bytes)
+    def __init__(self, files, image_shape, rule, keep_original=False, cache_bytes=0, place=None, role="train"):
+        self.files, self.image_shape, self.keep_original = list(files), tuple(image_shape), keep_original
+        self.rule = rule or imageio.resize_rule(self.image_shape[-1])
+        self.held_rule = pixels.keep_aspect(pixels.train_side(self.image_shape[-1], self.rule["shorter_side"])) \
+            if keep_original else self.rule
+        self._parts = None
+        self.pixels, self.how = None, ""
+        if self.files:
+            digest = self.digest() if place is not None else None
+            self.pixels, self.how = pixels.hold(self.files, self.image_shape[0], self.held_rule, cache_bytes, place,
+                                                role, digest)
+            log.info("data: %s", self.how)
 
     def __len__(self):
         return len(self.files)
 
     def source(self, i):
-        """Image i, decoded: from the cache (the first len(self.cache) images, when they fit), or now."""
-        return self.cache[i] if self.cache is not None and i < len(self.cache) else self._decode(i)
+        """Image i, decoded: held since loading, or decoded now."""
+        return self.pixels[i] if self.pixels is not None else self._decode(i)
 
     def fitted(self, indices):
         return torch.stack([self._fit(self.source(int(i))) for i in indices])
@@ -130,26 +136,39 @@ class FileImages:
         they add up to at most FINGERPRINT_BYTES, else those of evenly spaced files within that budget (for
         ImageNet's 1.28M training files about 1 in 550, a second or two of reading). Not the modification
         time and not the absolute path: the same images copied elsewhere (to a node's local disk, a re-synced
-        share, a restored backup) keep the teacher-output store built for them."""
+        share, a restored backup) keep the teacher-output store and the decoded pixels built for them. Read
+        once per set; later calls replay what was read."""
         if not self.files:
             return
+        if self._parts is None:
+            self._parts = self._read_fingerprint()
+        for part in self._parts:
+            h.update(part)
+
+    def digest(self):
+        """The fingerprint as hex digits (the pixel cache's key for these files)."""
+        h = hashlib.sha256()
+        self.fingerprint(h)
+        return h.hexdigest()
+
+    def _read_fingerprint(self):
         paths, folders = _absolute(self.files)
         root = os.path.commonpath(folders)  # the files' common folder (found from their folders: 5 s less at 1.28 M)
         start = len(os.path.join(root, ""))  # each path below root, as os.path.relpath gives it (13 s at 1.28 M)
         sizes = [os.stat(p).st_size for p in paths]
-        for path, size in zip(paths, sizes):
-            h.update(f"{path[start:]}|{size}\n".encode())
+        parts = ["".join(f"{path[start:]}|{size}\n" for path, size in zip(paths, sizes)).encode()]
         step = max(1, -(-sum(sizes) // FINGERPRINT_BYTES))
         for path in paths[::step]:
             with open(path, "rb") as f:
-                h.update(hashlib.sha256(f.read()).digest())
+                parts.append(hashlib.sha256(f.read()).digest())
+        return parts
 
     def _decode(self, i):
-        return read_image(self.files[i], self.image_shape[0], None if self.keep_original else self.rule)
+        return torch.from_numpy(pixels.decode(self.files[i], self.image_shape[0], self.held_rule))
 
     def _fit(self, image):
-        """`image` at the model's size by the rule: decoded so already, or (kept original) resized and cropped -
-        one already at the model's size too, unless the rule leaves it as it is (data.eval_crop 1)."""
+        """`image` at the model's size by the rule: held so already, or (kept whole) resized and cropped - one
+        already at the model's size too, unless the rule leaves it as it is (data.eval_crop 1)."""
         if tuple(image.shape) == self.image_shape and (
                 not self.keep_original or self.rule["shorter_side"] == self.image_shape[-1]):
             return image
@@ -157,54 +176,6 @@ class FileImages:
 
         pil = Image.fromarray(image.permute(1, 2, 0).squeeze(-1).numpy())
         return _to_tensor(imageio.resize_and_crop(pil, self.rule), self.image_shape[0])
-
-    def _fill_cache(self, budget):
-        """Decode the images into memory in order while their bytes add up to at most `budget`: all of them
-        (every file checked, so one run names every unreadable one), the first few, or - when the first image
-        times their number already passes it - none. Those not cached are decoded every batch."""
-        decoded, bad, used = [], [], 0
-        for i, path in enumerate(self.files):
-            try:
-                image = self._decode(i)
-            except InputError as e:  # keep going: one run names every file to fix, not one file a run
-                bad.append((path, str(e)))
-                continue
-            size = image.numel() * image.element_size()
-            if not decoded and size * len(self.files) > budget:
-                _raise_unreadable(bad, len(self.files))
-                log.info("data: %d images (~%d MB decoded) exceed data.cache_mb; decoding them every batch",
-                         len(self.files), size * len(self.files) // 2**20)
-                return
-            if used + size > budget:  # the images differ in size (keep_original): the first one misjudged them
-                _raise_unreadable(bad, len(self.files))
-                log.info("data: the first %d of %d images (%.1f MB decoded) fill data.cache_mb (%.1f MB); decoding "
-                         "the other %d every batch", len(decoded), len(self.files), used / 2**20, budget / 2**20,
-                         len(self.files) - len(decoded))
-                self.cache = decoded
-                return
-            decoded.append(image)
-            used += size
-        _raise_unreadable(bad, len(self.files))
-        self.cache = decoded
-
-
-def _raise_unreadable(bad, total):
-    if bad:
-        raise InputError(unreadable_sentence(bad, total))
-
-
-SHOWN = 20  # unreadable files named in one error: every one, for the few a folder usually has
-
-
-def unreadable_sentence(bad, total):
-    """One sentence for [(path, its error)] of `total` files: the first error in full, then how many more and
-    which (the first few), so one run names every file to fix, not one per run."""
-    first = bad[0][1]
-    if len(bad) == 1:
-        return first
-    shown = ", ".join(f"'{p}'" for p, _ in bad[1:SHOWN])  # was 3: ten scraped HTML files named four of them
-    more = f" and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
-    return f"{first}; {len(bad) - 1} more of the {total:,} files cannot be read either: {shown}{more}"
 
 
 class ConcatImages:
@@ -343,6 +314,9 @@ class ImageSet(torch.utils.data.Dataset):
                 "std": None if self.std is None else self.std.flatten().tolist()}
         if self.rule and self.rule["shorter_side"] != self.rule["height"]:
             what["zoom"] = "every image"  # since images already at the model's size are zoomed too (eval_crop < 1)
+        held = [p.held_rule for p in getattr(self.storage, "parts", [self.storage]) if getattr(p, "keep_original", 0)]
+        if held:  # random crops are cut from images kept at this size, not from the files' own
+            what["held"] = held[0]
         h = hashlib.sha256(json.dumps(what, sort_keys=True).encode())
         self.storage.fingerprint(h)
         return h.hexdigest()[:16]
@@ -359,22 +333,3 @@ def _to_tensor(pil, channels):
     a = np.asarray(pil, dtype=np.uint8)
     a = a[..., None] if a.ndim == 2 else a
     return torch.from_numpy(a.copy()).permute(2, 0, 1).contiguous()[:channels]
-
-
-def read_image(path, channels, rule=None):
-    """uint8 (C, H, W) pixels of an image file (16-bit and float images scaled, not clipped), resized and
-    centre-cropped by `rule`, or at the file's own size when `rule` is None."""
-    import numpy as np
-
-    if rule is not None:
-        pixels = imageio.load_pixels(path, channels, rule)
-    else:
-        converted, _ = imageio.to_channels(imageio.open_image(path), channels, path)
-        if isinstance(converted, list):
-            pixels = np.stack([np.asarray(p, dtype=np.float32) for p in converted], axis=-1)
-        else:
-            pixels = np.asarray(converted, dtype=np.uint8)
-            pixels = pixels[..., None] if pixels.ndim == 2 else pixels
-    if pixels.dtype != np.uint8:
-        pixels = np.clip(np.rint(pixels * 255.0), 0, 255).astype(np.uint8)
-    return torch.from_numpy(np.array(pixels)).permute(2, 0, 1).contiguous()

@@ -28,10 +28,12 @@ def resize_rule(size, eval_crop=1.0):
             "interpolation": "bilinear", "antialias": True, "crop": "center"}
 
 
-def open_image(path, max_pixels=None, decode=True):
+def open_image(path, max_pixels=None, decode=True, at_least=None):
     """A decoded PIL image, or an InputError naming the file (missing, unreadable, or too large to be a
     real image: a decompression bomb). With `decode` False only the header is read (tens of microseconds a
-    file): a file that is no image is found, a truncated one is not."""
+    file): a file that is no image is found, a truncated one is not. With `at_least` (pixels), a JPEG is
+    decoded at the smallest of 1/1, 1/2, 1/4, 1/8 scale whose shorter side is still that large (the
+    decoder's own downscaling: a 12-megapixel photo decodes several times faster)."""
     from PIL import Image, UnidentifiedImageError
 
     limit = max_pixels or Image.MAX_IMAGE_PIXELS
@@ -50,6 +52,9 @@ def open_image(path, max_pixels=None, decode=True):
             if im.width * im.height > limit:
                 raise Image.DecompressionBombError(f"{im.width * im.height} pixels")
             if decode:
+                if at_least and im.format == "JPEG" and min(im.size) > 2 * at_least:
+                    scale = at_least / min(im.size)
+                    im.draft(None, (math.ceil(im.width * scale), math.ceil(im.height * scale)))
                 im.load()
             else:
                 im.close()
@@ -117,6 +122,27 @@ def load_pixels(path, channels, rule, max_pixels=None):
         planes = [np.asarray(resize_and_crop(p, rule), dtype=np.float32) for p in converted]
         return np.stack(planes, axis=-1)
     a = np.asarray(resize_and_crop(converted, rule), dtype=np.uint8)
+    return a[..., None] if a.ndim == 2 else a
+
+
+def load_shrunk(path, channels, side, max_pixels=None):
+    """uint8 HxWxC pixels of the whole image, its shorter side shrunk to `side` (bilinear, antialiased; an
+    image already that small is kept as it is): what training crops are cut from. 16-bit and float images are
+    scaled to 0..255 (never clipped)."""
+    from PIL import Image
+
+    im = open_image(path, max_pixels, at_least=side)
+    converted, _ = to_channels(im, channels, path)
+    planes = converted if isinstance(converted, list) else [converted]
+    w, h = planes[0].size
+    if min(w, h) > side:
+        scale = side / min(w, h)
+        size = (max(side, int(round(w * scale))), max(side, int(round(h * scale))))
+        planes = [p.resize(size, Image.BILINEAR) for p in planes]
+    if isinstance(converted, list):
+        a = np.stack([np.asarray(p, dtype=np.float32) for p in planes], axis=-1)
+        return np.clip(np.rint(a * 255.0), 0, 255).astype(np.uint8)
+    a = np.array(planes[0], dtype=np.uint8)
     return a[..., None] if a.ndim == 2 else a
 
 

@@ -39,7 +39,9 @@ from compress.errors import InputError
 from compress.fileio import atomic_write_bytes, atomic_write_json, dumps, read_json
 from compress.training import distributed as dist
 from compress.training import interrupt
+from compress.training.checkpoint import memory_map_safetensors as _memory_map
 from compress.training.checkpoint import serialize
+from compress.training.checkpoint import tensor_sha256 as _sha256
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,6 @@ FORMAT = "compress-teacher-outputs/1"
 ROWS_PER_CHUNK = 65536
 DENSE_UP_TO = 100
 DEFAULT_TOP_K = 10
-_NUMPY = {"F16": np.float16, "F32": np.float32, "U8": np.uint8, "I16": np.int16, "I32": np.int32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -410,25 +411,3 @@ class TeacherOutputStore:
         if seconds is not None:
             info["seconds"] = round(seconds, 2)
         return info
-
-
-def _sha256(tensor):
-    return hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
-
-
-def _memory_map(path):
-    """{tensor name: numpy memmap} of a safetensors file, read-only (the format: 8-byte header size, JSON header,
-    then each tensor's bytes at its data_offsets)."""
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-    base = 8 + size
-    maps = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, _ = info["data_offsets"]
-        shape = tuple(info["shape"])
-        maps[name] = np.memmap(path, dtype=_NUMPY[info["dtype"]], mode="r", offset=base + start, shape=shape) \
-            if all(shape) else np.zeros(shape, dtype=_NUMPY[info["dtype"]])
-    return maps

@@ -69,9 +69,11 @@ class DataConfig:
     crop_scale: tuple[float, ...] = _f((0.25, 1.0), "random_resized_crop: range of the crop's share of the image area")
     eval_crop: float = _f(1.0, "validation and deployment: resize the shorter side to image_size / eval_crop, then "
                                "centre-crop image_size (0.875 is the ImageNet convention)")
-    cache_mb: int = _f(1024, "imagefolder: decode the images once and keep them in memory up to this many MB for "
-                             "each set (training, validation, unlabelled) in each process; the rest (all, with 0) "
-                             "are decoded every batch")
+    cache_mb: int = _f(1024, "imagefolder: image files are decoded once, at the size training needs, into the run's "
+                             "pixel cache (data.cache_dir); each set (training, validation, unlabelled) is read into "
+                             "memory when it fits this many MB per process, else memory-mapped from disk")
+    cache_dir: Optional[str] = _f(None, "imagefolder: folder of the decoded-pixel cache; default: cache/pixels/ in "
+                                        "the run directory. Name one folder to share it between run directories")
     limit: Optional[int] = _f(None, "use only this many samples of the train split (quick trials)")
     unlabeled: Optional[str] = _f(None, "a folder of images without labels (nested folders allowed) that the distill "
                                         "stage trains on too: distillation losses there, cross-entropy where a "
@@ -583,7 +585,7 @@ def section_hash(cfg, keys):
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-NO_RESULT = ("cache_mb", "download")  # data keys that say how images are held or fetched, never which they are
+NO_RESULT = ("cache_mb", "cache_dir", "download")  # how images are held or fetched, never which they are
 COVERED_BY_LISTING = ("val_fraction", "split_seed", "limit")  # an image folder's listing digest holds their effect
 
 

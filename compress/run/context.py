@@ -9,14 +9,17 @@ checked against the sha256 the manifest recorded for them.
 
 import importlib.util
 import logging
+import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from compress import __version__
+from compress.data.datasets import load_data
+from compress.data.pixels import Place
 from compress.data.sampling import eval_loader, train_loader
-from compress.errors import InputError
+from compress.errors import CompressError, InputError
 from compress.fileio import atomic_write_json
 from compress.models.registry import build_model
 from compress.run.config import ConfigView
@@ -26,6 +29,7 @@ from compress.training import distributed as dist
 from compress.training.checkpoint import (
     load_into,
     load_training_state,
+    read_metadata,
     read_weights,
     save_training_state,
     validate_resume_state,
@@ -44,6 +48,7 @@ class StageContext:
     env: DistEnv
     state: StageState
     begin: Callable = lambda: None  # call (every rank) after loading inputs, before writing anything
+    rank0_only: bool = False  # the stage runs on rank 0 alone (export): no collective may be used
 
     @property
     def stage(self):
@@ -64,6 +69,26 @@ class StageContext:
     def input_sha256(self, stage, output):
         return self.state.inputs.get(self.state.sources.get(f"{stage}:{output}"))
 
+    def load_data(self, unlabeled=False):
+        """The stage's data (`compress.data.datasets.load_data`), image files decoded once into the pixel cache
+        (data.cache_dir, else cache/pixels/ in the run directory) that every stage and later run shares."""
+        d = self.cfg.data
+        folder = os.path.abspath(os.path.expanduser(d.cache_dir)) if d.cache_dir else self.run.path("cache", "pixels")
+        place = Place(folder, DistEnv() if self.rank0_only else self.env, in_run_dir=not d.cache_dir,
+                      shown_from="" if d.cache_dir else self.run.root)
+        if d.name == "imagefolder":  # checked from the listing, before a single image is decoded
+            from compress.data.imagefolder import scan
+
+            for key, rel in self.state.sources.items():
+                stage, _, output = key.partition(":")
+                if output == "model":
+                    try:
+                        classes = read_metadata(self.run.path(rel)).get("class_names")
+                    except CompressError:  # a damaged file: said in full when the stage loads it
+                        continue
+                    _refuse_other_classes(self.run.path(rel), classes, scan(d)["classes"], stage)
+        return load_data(d, self.cfg.seed, unlabeled, place=place)
+
     def load_model(self, stage, model_name, data):
         """Build `model_name` for the data's shape and load an upstream stage's weights (on the CPU), checking
         sha256 against the manifest and the model name against the checkpoint's metadata."""
@@ -71,11 +96,7 @@ class StageContext:
         path = self.input_path(stage, "model")
         tensors, meta = read_weights(path, expect_stage=stage, expect_model=model_name,
                                      expect_sha256=self.input_sha256(stage, "model"))
-        classes = meta.get("class_names")
-        if isinstance(classes, list) and classes != list(data.class_names):  # was: a bare size mismatch, or worse
-            raise InputError(f"'{path}' was trained on {_classes(classes)}, but the data now has "
-                             f"{_classes(data.class_names)}; run the {stage} stage again on these images (add {stage} "
-                             "to --stages; with --force if it says it is up to date)")
+        _refuse_other_classes(path, meta.get("class_names"), data.class_names, stage)
         load_into(model, tensors, path)
         return model, meta
 
@@ -194,6 +215,14 @@ class _Board:
         if metrics["epoch"] >= self.epochs:
             self.writer.close()
             self.writer = None
+
+
+def _refuse_other_classes(path, trained_on, classes, stage):
+    """A model trained on other classes than the data's is refused (its class indices would mean others)."""
+    if isinstance(trained_on, list) and trained_on != list(classes):
+        raise InputError(f"'{path}' was trained on {_classes(trained_on)}, but the data now has "
+                         f"{_classes(classes)}; run the {stage} stage again on these images (add {stage} "
+                         "to --stages; with --force if it says it is up to date)")
 
 
 def _classes(names, most=6):

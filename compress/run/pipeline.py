@@ -278,7 +278,8 @@ def _run_stage(run, cfg, env, spec, stage_state, writer):
     if env.is_main:
         log.info("%s: %s", name, stage_state.headline)
     state = _StageRun(run, env, spec, stage_state, writer)
-    ctx = StageContext(ConfigView(cfg, spec.CONFIG_KEYS), run, env, stage_state, begin=state.begin)
+    ctx = StageContext(ConfigView(cfg, spec.CONFIG_KEYS), run, env, stage_state, begin=state.begin,
+                       rank0_only=spec.RANK0_ONLY)
     try:
         if spec.RANK0_ONLY:
             result = StageResult(**dist.on_main(env, lambda: vars(spec.run(ctx))))

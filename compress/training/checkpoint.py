@@ -224,3 +224,31 @@ def validate_resume_state(state, path, epochs=None, steps_per_epoch=None):
     if problem:
         raise CheckpointError(f"resume checkpoint '{path}' is damaged ({problem}); delete it to start the stage "
                               "over, or rerun with --force")
+
+
+_NUMPY = {"F16": "float16", "F32": "float32", "U8": "uint8", "I16": "int16", "I32": "int32", "I64": "int64"}
+
+
+def tensor_sha256(tensor):
+    """sha256 of a tensor's bytes (what a chunk's header records for each of its tensors)."""
+    return hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def memory_map_safetensors(path):
+    """{tensor name: numpy memmap} of a safetensors file, read-only (the format: 8-byte header size, JSON header,
+    then each tensor's bytes at its data_offsets)."""
+    import numpy as np
+
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    base = 8 + size
+    maps = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, _ = info["data_offsets"]
+        shape, dtype = tuple(info["shape"]), np.dtype(_NUMPY[info["dtype"]])
+        maps[name] = np.memmap(path, dtype=dtype, mode="r", offset=base + start, shape=shape) \
+            if all(shape) else np.zeros(shape, dtype=dtype)
+    return maps

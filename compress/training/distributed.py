@@ -175,6 +175,18 @@ def all_gather_tensor(env, tensor):
     return [o.cpu().view(tensor.dtype).view(tensor.shape) for o in out]
 
 
+def all_gather_bytes(env, data):
+    """Every rank's `data` (bytes of any length, b"" for none), in rank order."""
+    if not env.distributed:
+        return [data]
+    sizes = all_gather_tensor(env, torch.tensor([len(data)], dtype=torch.long))
+    longest = max(int(s.item()) for s in sizes)
+    buf = torch.zeros(max(1, longest), dtype=torch.uint8)
+    if data:
+        buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return [bytes(t[:int(n.item())].numpy().tobytes()) for t, n in zip(all_gather_tensor(env, buf), sizes)]
+
+
 def broadcast_json(env, obj=None):
     """Rank 0's JSON-able `obj`, on every rank (JSON bytes in a tensor: no pickle)."""
     if not env.distributed:

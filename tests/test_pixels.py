@@ -1,0 +1,192 @@
+"""Images decoded once (compress.data.pixels): the pixels a run holds are the files' pixels under the rule, kept
+in the run's cache and reused, checked against what was recorded when they were written, built by two real
+gloo processes exactly as by one, and a set too large for memory says what fixes it."""
+
+import hashlib
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from compress.data import pixels
+from compress.data.imageset import FileImages
+from compress.deploy import imageio
+from compress.errors import InputError
+from compress.training.distributed import DistEnv
+from conftest import compress_subprocess, invoke
+
+
+def photos(folder, sizes, kind="JPEG"):
+    """Random photos of the given (height, width), as JPEG (or PNG) files; their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(len(sizes))
+    paths = []
+    for i, (h, w) in enumerate(sizes):
+        path = folder / f"{i:05d}.{kind.lower()}"
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path, kind)
+        paths.append(str(path))
+    return paths
+
+
+def cached_set(files, place, keep_original=True, size=32, budget=2**30):
+    return FileImages(files, (3, size, size), imageio.resize_rule(size, 0.875), keep_original=keep_original,
+                      cache_bytes=budget, place=place, role="train" if keep_original else "val")
+
+
+def test_cached_pixels_are_the_files_decoded_under_the_rule(tmp_path):
+    files = photos(tmp_path / "img", [(120, 160), (300, 200), (30, 40), (64, 64)])
+    place = pixels.Place(str(tmp_path / "cache"), DistEnv())
+    whole = cached_set(files, place)  # random_resized_crop: each image kept whole, shorter side shrunk
+    side = pixels.train_side(32, imageio.resize_rule(32, 0.875)["shorter_side"])
+    assert side == 40
+    shapes = [tuple(whole.source(i).shape) for i in range(4)]
+    assert shapes == [(3, 40, 53), (3, 60, 40), (3, 30, 40), (3, 40, 40)]  # the small one is kept, never enlarged
+    for i, path in enumerate(files):
+        assert torch.equal(whole.source(i), torch.from_numpy(imageio.load_shrunk(path, 3, side)).permute(2, 0, 1))
+    val = cached_set(files, place, keep_original=False)  # evaluation: exactly what predict feeds a deployment
+    for i, path in enumerate(files):
+        expected = np.array(imageio.load_pixels(path, 3, imageio.resize_rule(32, 0.875)))
+        assert torch.equal(val.source(i), torch.from_numpy(expected).permute(2, 0, 1))
+    assert sorted(os.listdir(tmp_path / "cache")) == [
+        f"train-{pixels.PixelSpec(whole.digest(), 4, 3, whole.held_rule).key}",
+        f"val-{pixels.PixelSpec(val.digest(), 4, 3, val.held_rule).key}"]
+
+
+def test_a_second_load_reuses_the_cache_and_changed_images_get_a_new_one(tmp_path, caplog):
+    files = photos(tmp_path / "img", [(50, 70)] * 6)
+    place = pixels.Place(str(tmp_path / "cache"), DistEnv())
+    with caplog.at_level(logging.INFO, logger="compress.data"):
+        first = cached_set(files, place)
+        second = cached_set(files, place)
+    assert "decoded in" in first.how and "(reused)" in second.how
+    assert all(torch.equal(first.source(i), second.source(i)) for i in range(6))
+    Image.fromarray(np.zeros((50, 70, 3), dtype=np.uint8)).save(files[2])  # an image replaced
+    third = cached_set(files, place)
+    assert "decoded in" in third.how and torch.equal(third.source(2), torch.zeros(3, 40, 56, dtype=torch.uint8))
+    assert len(os.listdir(tmp_path / "cache")) == 1  # the run's stale cache of this role is gone
+
+
+def chunk_of(cache_root):
+    (folder,) = [os.path.join(cache_root, n) for n in os.listdir(cache_root)]
+    return os.path.join(folder, "chunk-000000.safetensors")
+
+
+def test_a_damaged_chunk_is_decoded_again_never_used(tmp_path):
+    files = photos(tmp_path / "img", [(50, 70)] * 3)
+    place = pixels.Place(str(tmp_path / "cache"), DistEnv())
+    good = cached_set(files, place).source(1).clone()
+    chunk = chunk_of(tmp_path / "cache")
+    data = bytearray(open(chunk, "rb").read())
+    data[-5] ^= 0xFF  # one pixel's byte
+    open(chunk, "wb").write(bytes(data))
+    again = cached_set(files, place)
+    assert "1 damaged chunk(s) (chunk-000000.safetensors, ...) decoded again" in again.how
+    assert torch.equal(again.source(1), good)
+
+
+def test_a_forged_chunk_with_its_own_hashes_rewritten_is_found_by_the_recorded_digest(tmp_path):
+    """A chunk rewritten with other pixels and its header's hashes updated to match checks itself fine; the
+    digest pixels.json recorded when the chunk was written does not match it."""
+    from safetensors.torch import load
+
+    from compress.training.checkpoint import serialize, tensor_sha256
+
+    files = photos(tmp_path / "img", [(50, 70)] * 3)
+    place = pixels.Place(str(tmp_path / "cache"), DistEnv())
+    good = cached_set(files, place).source(0).clone()
+    chunk = chunk_of(tmp_path / "cache")
+    tensors = load(open(chunk, "rb").read())
+    with open(chunk, "rb") as f:
+        meta = json.loads(f.read(int.from_bytes(f.read(8), "little")))["__metadata__"]
+    tensors["pixels"] = torch.zeros_like(tensors["pixels"])
+    meta["sha256"] = json.dumps({k: tensor_sha256(v) for k, v in tensors.items()}, sort_keys=True)
+    open(chunk, "wb").write(serialize(tensors, meta))
+    again = cached_set(files, place)
+    assert "damaged chunk(s)" in again.how and torch.equal(again.source(0), good)
+
+
+def test_every_unreadable_image_is_named_in_one_error_and_nothing_is_recorded(tmp_path):
+    files = photos(tmp_path / "img", [(50, 70)] * 4)
+    for i in (1, 3):
+        open(files[i], "wb").write(b"<html>not an image</html>")
+    with pytest.raises(InputError) as e:
+        cached_set(files, pixels.Place(str(tmp_path / "cache"), DistEnv()))
+    assert f"cannot read image '{files[1]}'" in str(e.value) and f"'{files[3]}'" in str(e.value)
+    assert not any(name == "pixels.json" for _, _, names in os.walk(tmp_path / "cache") for name in names)
+
+
+def test_a_large_set_outside_a_run_says_what_fixes_decoding_every_batch(tmp_path):
+    files = photos(tmp_path / "img", [(200, 300)] * 3)
+    held = cached_set(files, None, budget=2**30)
+    assert held.pixels is not None and "decoded once into memory" in held.how
+    tight = cached_set(files, None, budget=1000)
+    assert tight.pixels is None
+    assert "3 train images decoded every batch" in tight.how and "raise data.cache_mb to 1" in tight.how
+    assert all(torch.equal(tight.source(i), held.source(i)) for i in range(3))  # same pixels either way
+
+
+def test_a_set_over_the_memory_budget_is_memory_mapped_from_the_cache(tmp_path):
+    files = photos(tmp_path / "img", [(50, 70)] * 4)
+    place = pixels.Place(str(tmp_path / "cache"), DistEnv())
+    mapped = cached_set(files, place, budget=100)
+    held = cached_set(files, place)
+    assert mapped.pixels.mapped and not held.pixels.mapped and "memory-mapped" in mapped.how
+    assert all(torch.equal(mapped.source(i), held.source(i)) for i in range(4))
+
+
+def test_a_large_jpeg_decodes_at_a_reduced_scale_close_to_the_full_decode(tmp_path):
+    (path,) = photos(tmp_path / "img", [(1200, 1600)])
+    rng = np.random.default_rng(0)  # smooth content, as photos are: random noise has nothing to keep at 1/8
+    smooth = np.kron(rng.integers(0, 256, (12, 16, 3)), np.ones((100, 100, 1))).astype(np.uint8)
+    Image.fromarray(smooth).save(path, "JPEG", quality=95)
+    fast = imageio.load_shrunk(path, 3, 100)
+    with Image.open(path) as im:
+        full = np.asarray(im.convert("RGB").resize(fast.shape[1::-1], Image.BILINEAR))
+    assert fast.shape == (100, 133, 3)
+    assert np.abs(fast.astype(int) - full.astype(int)).mean() < 3.0
+
+
+def imagefolder(root, per_class, size=(20, 24)):
+    for split, n in (("train", per_class), ("val", 4)):
+        for c in ("cat", "dog"):
+            photos(root / split / c, [size] * n, kind="PNG")
+
+
+def run_args(root, run, *extra, stages="teacher"):
+    return ("run", "--run-dir", run, "--stages", stages, "--set", "data.name=imagefolder", "--set",
+            f"data.root={root}", "--set", "data.image_size=16", "--set", "data.augment=random_resized_crop",
+            "--set", "teacher.epochs=1", "--set", "teacher.batch_size=64", "--set", "model.teacher=compact_cnn",
+            "--set", "train.progress=false", *extra)
+
+
+def test_two_processes_decode_the_images_once_into_the_same_cache_as_one(tmp_path):
+    root = tmp_path / "photos"
+    imagefolder(root, per_class=600)  # 1,200 training images: 3 chunks, decoded by two ranks round-robin
+    one = compress_subprocess(*run_args(root, tmp_path / "one"))
+    two = compress_subprocess(*run_args(root, tmp_path / "two"), "--nproc-per-node", "2")
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert two.returncode == 0, two.stderr[-2000:]
+
+    def digests(run):
+        base = run / "cache" / "pixels"
+        return {os.path.join(d, f): hashlib.sha256((base / d / f).read_bytes()).hexdigest()
+                for d in os.listdir(base) for f in os.listdir(base / d)}
+
+    assert digests(tmp_path / "one") == digests(tmp_path / "two")
+    assert sum(f.startswith("train-") and f.endswith("chunk-000002.safetensors") for f in digests(tmp_path / "two"))
+    assert "1,200 train images at shorter side 20" in two.stderr and "decoded in" in two.stderr
+
+
+def test_every_stage_of_a_run_reuses_the_pixels_the_first_decoded(tmp_path):
+    root = tmp_path / "photos"
+    imagefolder(root, per_class=20)
+    result = invoke(*run_args(root, tmp_path / "run", "--set", "distill.epochs=1", "--set",
+                              "model.student=compact_cnn", stages="teacher,distill"))
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("decoded in") == 2  # training and validation images, once each
+    assert result.stderr.count("(reused)") == 2  # by the distill stage
+    assert "decoding every batch" not in result.stderr and "decoded every batch" not in result.stderr
