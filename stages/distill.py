@@ -23,7 +23,7 @@ from compress.distill.teacher import FrozenTeacher, StudentWithRegressor, wire_f
 from compress.errors import CompressError
 from compress.fileio import atomic_write_json, read_json, sha256_file
 from compress.models.registry import build_model, count_parameters
-from compress.models.weights import load_pretrained
+from compress.models.weights import load_pretrained, weights_of
 from compress.run.config import PAPER_SETTINGS, section_hash
 from compress.run.contract import DIGESTS, Code, File, Images, Input, StageResult
 from compress.run.report import evaluated_in, file_size
@@ -46,7 +46,7 @@ STORE_FOLDER = "distill/teacher_outputs"
 
 
 def inputs(cfg):
-    weights = cfg.model.student_weights
+    weights = weights_of(cfg.model, "student")
     return [Input("teacher", "model"), Images("root"), Code("model.teacher"), Code("model.student"),
             *([Images("unlabeled")] if cfg.data.unlabeled else []),
             *([File(weights, "model.student_weights")] if weights else [])]
@@ -57,7 +57,7 @@ def new_student(cfg, data):
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model.student, data.input_shape, data.num_classes)
     if cfg.model.student_weights:
-        log.info("distill: %s", load_pretrained(model, cfg.model.student_weights, "model.student_weights"))
+        log.info("distill: %s", load_pretrained(model, weights_of(cfg.model, "student"), "model.student_weights"))
     return model
 
 

@@ -7,7 +7,7 @@ import torch
 
 from compress.fileio import atomic_write_json
 from compress.models.registry import build_model, count_parameters
-from compress.models.weights import load_pretrained
+from compress.models.weights import load_pretrained, weights_of
 from compress.run.contract import Code, File, Images, StageResult
 from compress.run.report import evaluated_in, file_size
 from compress.training import distributed as dist
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 def inputs(cfg):
-    weights = cfg.model.teacher_weights
+    weights = weights_of(cfg.model, "teacher")
     return [Images("root"), Code("model.teacher"), *([File(weights, "model.teacher_weights")] if weights else [])]
 
 
@@ -35,7 +35,7 @@ def build_teacher(cfg, data):
     torch.manual_seed(cfg.seed)  # identical initialisation on every rank (DDP also broadcasts rank 0's)
     model = build_model(cfg.model.teacher, data.input_shape, data.num_classes)
     if cfg.model.teacher_weights:
-        log.info("teacher: %s", load_pretrained(model, cfg.model.teacher_weights, "model.teacher_weights"))
+        log.info("teacher: %s", load_pretrained(model, weights_of(cfg.model, "teacher"), "model.teacher_weights"))
     return model
 
 

@@ -245,3 +245,93 @@ def load_pretrained(model, path, key):
         note += (f"; it holds no classifier head ({', '.join(absent)}), so a new one of shape "
                  f"{tuple(target[shown].shape)} is {NEW_HEAD}")
     return note
+
+
+# ---------------------------------------------------------------- torchvision weights by name
+
+PRETRAINED = "pretrained"  # the model's default torchvision weights (its builder's weights enum's DEFAULT)
+TORCHVISION_WEIGHTS = "torchvision:"
+OFFLINE_ENV = "COMPRESS_OFFLINE"  # set (to anything but 0): never download weights, only look in the cache
+
+
+def is_weights_name(value):
+    """`pretrained`, `torchvision:<NAME>` (IMAGENET1K_V1, DEFAULT, ...) or `torchvision:<Enum>.<NAME>`: weights
+    torchvision names, not a file."""
+    return bool(value) and (value == PRETRAINED or value.startswith(TORCHVISION_WEIGHTS))
+
+
+def _builder_of(model_name):
+    """The torchvision builder a model name stands for, or None (a registry model of compress's own, user code)."""
+    if model_name.startswith("torchvision:"):
+        return model_name.split(":", 1)[1]
+    return model_name if model_name in ("resnet18", "mobilenet_v2") else None
+
+
+def torchvision_weights(value, model_name, key):
+    """The torchvision weights enum member `value` names for `model_name`; InputError when it names none."""
+    from torchvision.models import get_model_weights, get_weight
+
+    builder = _builder_of(model_name)
+    model_key = key.replace("_weights", "")
+    if builder is None:
+        raise InputError(f"{key}: '{value}' names torchvision weights, but {model_key} is '{model_name}', not a "
+                         f"torchvision model; use {model_key}=torchvision:<builder> (e.g. torchvision:resnet18) or "
+                         "give a weights file")
+    try:
+        enum = get_model_weights(builder)
+    except (ValueError, KeyError):
+        raise InputError(f"{key}: torchvision has no pretrained weights for '{builder}'; give a weights file") \
+            from None
+    name = "DEFAULT" if value == PRETRAINED else value[len(TORCHVISION_WEIGHTS):]
+    if "." in name:  # ResNet18_Weights.IMAGENET1K_V1
+        try:
+            member = get_weight(name)
+        except (ValueError, KeyError, AttributeError):
+            member = None
+        if member is None or type(member) is not enum:
+            raise InputError(f"{key}: '{value}' is not a weights name of torchvision's {builder}; choose one of "
+                             f"{', '.join(f'torchvision:{n}' for n in enum.__members__)}")
+        return member
+    if name not in enum.__members__:
+        raise InputError(f"{key}: torchvision's {builder} has no weights '{name}'; choose one of "
+                         f"{', '.join(f'torchvision:{n}' for n in enum.__members__)} (or pretrained)")
+    return enum[name]
+
+
+def cache_path(weights):
+    """Where torchvision keeps a weights file: $TORCH_HOME/hub/checkpoints/<file name of its URL>."""
+    import torch.hub
+
+    return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
+
+
+def weights_file(value, model_name, key, download=False):
+    """The file `model.*_weights` stands for: a path as given, or for a torchvision weights name the file in
+    torchvision's cache - downloaded there when `download` and the network allow (and COMPRESS_OFFLINE is not
+    set), else an InputError naming the file to place and where."""
+    if not is_weights_name(value):
+        return os.path.expanduser(value)
+    weights = torchvision_weights(value, model_name, key)
+    path = cache_path(weights)
+    if os.path.isfile(path) or not download:
+        return path
+    offline = os.environ.get(OFFLINE_ENV, "0") not in ("", "0")
+    if not offline:
+        import torch.hub
+
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            torch.hub.download_url_to_file(weights.url, path, progress=False)
+            return path
+        except Exception as e:  # URLError, timeouts, HTTP errors: no network, or not this address
+            why = f"the download failed ({e.__class__.__name__})"
+    else:
+        why = f"{OFFLINE_ENV} is set"
+    raise InputError(f"{key}: torchvision's {weights} is not in torch's cache and {why}; download {weights.url} "
+                     f"and place it at {path} (or set TORCH_HOME to the folder whose hub/checkpoints/ holds it)")
+
+
+def weights_of(model_cfg, role):
+    """The weights file `model.<role>_weights` stands for (role: teacher or student), or None when unset."""
+    value = getattr(model_cfg, f"{role}_weights")
+    return weights_file(value, getattr(model_cfg, role), f"model.{role}_weights") if value else None

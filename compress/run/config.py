@@ -113,9 +113,12 @@ class ModelConfig:
     teacher: str = _f("resnet14", "teacher: a registry name (`compress models`), torchvision:<builder> (e.g. "
                                   "torchvision:resnet50) or <module>:<function> (your own code)")
     student: str = _f("compact_cnn", "student: a registry name, torchvision:<builder> or <module>:<function>")
-    teacher_weights: Optional[str] = _f(None, "start the teacher from this .safetensors or state-dict (.pth/.pt) file; "
-                                              "with teacher.epochs: 0 it is used as is")
-    student_weights: Optional[str] = _f(None, "start the student from this .safetensors or state-dict file")
+    teacher_weights: Optional[str] = _f(None, "start the teacher from a .safetensors or state-dict (.pth/.pt) file, or "
+                                              "torchvision's weights by name: pretrained (the model's default) or "
+                                              "torchvision:IMAGENET1K_V1 (found in torch's cache, $TORCH_HOME, or "
+                                              "downloaded there); with teacher.epochs: 0 it is used as is")
+    student_weights: Optional[str] = _f(None, "start the student from a weights file or torchvision weights name, as "
+                                              "model.teacher_weights")
 
     def __post_init__(self):
         problems_if([(not _MODEL_SOURCE.match(name),

@@ -36,10 +36,18 @@ def problems(cfg, stage_names, world_size, run_root=None):
             found.append(f"{key}: {problem}")
     if not found:
         found.extend(_model_problems(cfg, stage_names))
+    from compress.errors import InputError
+    from compress.models.weights import is_weights_name, weights_file
+
     for key in ("teacher_weights", "student_weights"):
-        path = getattr(cfg.model, key)
-        if path and not os.path.isfile(os.path.expanduser(path)):
-            found.append(f"model.{key}: file '{path}' not found")
+        value = getattr(cfg.model, key)
+        if value and is_weights_name(value):
+            try:  # found in torch's cache, or downloaded into it where the network allows
+                weights_file(value, getattr(cfg.model, key.replace("_weights", "")), f"model.{key}", download=True)
+            except InputError as e:
+                found.append(str(e))
+        elif value and not os.path.isfile(os.path.expanduser(value)):
+            found.append(f"model.{key}: file '{value}' not found")
     if "distill" in stage_names and data.unlabeled:
         from compress.data.imagefolder import unlabeled_problem
 
@@ -202,11 +210,14 @@ def _weights_problems(cfg, stage_names, built):
     starts, after the stages before it have trained (the distill stage reads model.student_weights after the
     teacher's hours). Loads into the throwaway models `built` by _model_problems."""
     from compress.errors import InputError
-    from compress.models.weights import NEW_HEAD, load_pretrained
+    from compress.models.weights import NEW_HEAD, load_pretrained, weights_of
 
     found = []
     for key, stage in (("model.teacher", "teacher"), ("model.student", "distill")):
-        path = getattr(cfg.model, f"{key.split('.')[1]}_weights")
+        try:
+            path = weights_of(cfg.model, key.split(".")[1])
+        except InputError:
+            continue  # problems() says why
         if not path or stage not in stage_names or key not in built or not os.path.isfile(os.path.expanduser(path)):
             continue  # not read by this run, or not there (problems() says so)
         try:
