@@ -21,11 +21,12 @@ from compress.models.registry import build_model, count_parameters
 from compress.quant import fx, verify
 from compress.quant.onnx_export import export_onnx
 from compress.quant.ptq import quantize_ptq
-from compress.quant.verify import checks, compare, onnx_correct, output_step, paired, speed_gate
+from compress.quant.verify import checks, compare, onnx_correct, output_step, speed_gate
 from compress.run.config import quantized_model
 from compress.run.contract import Code, Images, Input, StageResult
 from compress.training import interrupt
 from compress.training.checkpoint import load_weights, read_weights
+from compress.training.paired import p_text, paired
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +324,7 @@ def _beyond_noise(m):
         return ""
     qat, ptq, p = m["qat_only_right"], m["ptq_only_right"], m["qat_vs_ptq_p"]
     told = (f"; of {m['val_images']:,} validation images, {qat} are right only with QAT and {ptq} only with PTQ "
-            f"(McNemar p {verify.p_text(p)})")
+            f"(McNemar p {p_text(p)})")
     if p >= 0.05:
         return told + ": within noise, so the two int8 files are equally accurate on this evidence"
     if qat > ptq:

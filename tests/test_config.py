@@ -84,7 +84,7 @@ def test_each_logit_loss_gets_its_papers_weights_unless_the_config_sets_them():
     d = load_config(None, ["distill.kd.method=hinton", "distill.ce_weight=0.5", "distill.kd.weight=0"]).distill
     assert (d.resolved_ce_weight, d.kd.resolved_weight) == (0.5, 0.0)
     assert load_config(None, ["distill.ce_weight=0"]).distill.kd.resolved_weight == 9.0  # KD alone is a loss
-    from stages.distill import describe_loss  # what the log says the stage trains on
+    from compress.distill.objective import describe_loss  # what the log says the stage trains on
     assert describe_loss(load_config(None).distill).startswith("0.1 x cross-entropy + 9 x standardized-logit KD (T 2)")
     assert describe_loss(load_config(None, ["distill.kd.method=hinton", "distill.ce_weight=0.5"]).distill) == (
         "0.5 x cross-entropy + 0.9 x Hinton KD (T 4); kd.weight, kd.temperature: the Hinton KD paper's values; set by "
@@ -96,7 +96,7 @@ def test_each_logit_loss_gets_its_papers_weights_unless_the_config_sets_them():
         "takes the paper's; a recipe's values stay when only distill.kd.method changes)")
     with pytest.raises(ConfigError, match="at least one must be > 0"):
         load_config(None, ["distill.ce_weight=0", "distill.kd.weight=0"])
-    from stages.distill import _loss_problems  # settings that quietly make distillation something else
+    from compress.distill.objective import loss_problems as _loss_problems  # settings that quietly change it
     assert _loss_problems(load_config("configs/cifar10.yaml").distill) == []
     alone = _loss_problems(load_config(None, ["distill.kd.weight=0"]).distill)
     assert alone and "no loss here learns from the teacher" in alone[0]

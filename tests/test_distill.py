@@ -2,6 +2,8 @@ import pytest
 import torch
 
 from compress.data.datasets import load_data
+from compress.distill.objective import make_loss
+from compress.distill.report import epoch_passing
 from compress.distill.store import StoreSpec, TeacherOutputStore, default_top_k
 from compress.distill.teacher import FrozenTeacher
 from compress.errors import InputError
@@ -9,7 +11,7 @@ from compress.models.features import FeatureTap
 from compress.models.registry import build_model
 from compress.run.config import load_config
 from compress.training.distributed import DistEnv
-from stages.distill import build_pair, epoch_passing, make_loss, report_notes
+from stages.distill import build_pair, report_notes
 
 
 def test_hooks_read_named_layers_of_an_unmodified_torchvision_model():

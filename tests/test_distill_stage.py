@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
+from compress.distill.report import epoch_passing
 from compress.training.checkpoint import read_weights
 from conftest import compress_subprocess, fault_subprocess, invoke
-from stages.distill import epoch_passing
 
 STUDENT = "distill/model.safetensors"
 

@@ -490,7 +490,8 @@ def test_int8_agreement_counts_near_ties_within_two_output_steps():
 def test_qat_against_ptq_counts_the_images_only_one_gets_right_and_tests_them_exactly():
     """McNemar's exact test by hand: with n images only one file gets right, and k the fewer of them,
     p = 2 * sum(C(n, i), i <= k) / 2^n, capped at 1."""
-    from compress.quant.verify import onnx_correct, paired
+    from compress.quant.verify import onnx_correct
+    from compress.training.paired import paired
 
     qat = np.array([True] * 10 + [True, False, False, False, False, False, False, False, False])
     ptq = np.array([True] * 10 + [False, True, True, True, True, True, True, True, True])

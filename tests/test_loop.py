@@ -179,7 +179,7 @@ def distill_setup(*overrides):
 def test_the_distill_loss_is_the_weighted_sum_of_its_terms():
     """Every weight counts, label smoothing counts: the stage's total equals the sum computed here from the
     terms' own formulas."""
-    from stages.distill import make_loss
+    from compress.distill.objective import make_loss
 
     cfg, data, student, teacher = distill_setup("distill.kd.method=hinton", "distill.ce_weight=0.3",
                                                 "distill.kd.weight=2.5", "distill.kd.temperature=3",
@@ -197,7 +197,7 @@ def test_the_distill_loss_is_the_weighted_sum_of_its_terms():
 
 
 def test_dkd_weight_ramps_up_over_its_warm_up_epochs():
-    from stages.distill import make_loss
+    from compress.distill.objective import make_loss
 
     cfg, data, student, teacher = distill_setup("distill.kd.method=dkd", "distill.ce_weight=0",
                                                 "distill.kd.weight=1", "distill.kd.dkd.warmup_epochs=4")

@@ -1,5 +1,9 @@
 """Losses on hidden representations: the cosine loss (CosineEmbeddingLoss with target 1) and the FitNets hint
-(MSE after a trainable regressor). Each takes plain tensors; configuration stays in the stage."""
+(MSE after a trainable regressor). Each takes plain tensors; configuration stays in the stage.
+
+`FEATURE_LOSSES` is the registry: name (also its config section, distill.<name>) -> FeatureLoss."""
+
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -51,3 +55,18 @@ def _numel(shape):
     for d in shape:
         n *= d
     return n
+
+
+class FeatureLoss(NamedTuple):
+    """One feature loss: `fn(student features, teacher features)`, how the log names it, and whether the teacher's
+    side of it can be kept in the teacher-output store (a feature map per image is too large to)."""
+
+    fn: Callable
+    label: str
+    stored: bool
+
+
+FEATURE_LOSSES = {
+    "cosine": FeatureLoss(cosine_loss, "cosine loss", stored=True),
+    "hint": FeatureLoss(hint_loss, "FitNets hint", stored=False),
+}

@@ -15,16 +15,19 @@ They never know whether the teacher ran now or its logits came from the teacher-
 
 `target` (DKD only) is each sample's class: its label where it has one, else the teacher's top class (the
 caller decides; an unlabelled image has no other).
+
+`LOGIT_LOSSES` is the registry: name -> LogitLoss (its function, label, paper settings, parameters). The config's
+choices, `--help`, the reference, the log's words and the docs come from it; adding a loss is one entry here
+(and its test). torch is imported inside the functions, so the config reads this registry without loading it.
 """
 
-import torch
-import torch.nn.functional as F
-
-METHODS = ("hinton", "dkd", "dist", "standardized")
+from typing import Callable, NamedTuple
 
 
 def hinton(student, teacher, temperature):
     """T^2 * KL(softmax(teacher/T) || softmax(student/T)), averaged over the batch."""
+    import torch.nn.functional as F
+
     t = temperature
     return F.kl_div(F.log_softmax(student / t, dim=1), F.log_softmax(teacher / t, dim=1),
                     reduction="batchmean", log_target=True) * (t * t)
@@ -35,6 +38,9 @@ def dkd(student, teacher, target, temperature, alpha=1.0, beta=8.0):
     1 - p[target]) is the binary split of softmax(z/T) and q = softmax over the non-target classes of z/T.
     Computed in log space (log(1 - p[target]) as a log-sum-exp over the other classes), so a confident model
     gives no log(0)."""
+    import torch
+    import torch.nn.functional as F
+
     t = temperature
     s, te = student / t, teacher / t
     gt = F.one_hot(target, s.shape[1]).bool()
@@ -62,6 +68,8 @@ def dist(student, teacher, temperature, beta=1.0, gamma=1.0):
     Pearson correlation of the student's and teacher's class probabilities, intra = 1 - mean over classes of
     the correlation across the batch. The intra term relates the samples of one batch (per process under
     DDP, as in the paper's code)."""
+    import torch.nn.functional as F
+
     t = temperature
     p_s, p_t = F.softmax(student / t, dim=1), F.softmax(teacher / t, dim=1)
     inter = 1.0 - _pearson_rows(p_s, p_t).mean()
@@ -79,14 +87,34 @@ def standardized(student, teacher, temperature):
     return hinton(standardize(student), standardize(teacher), temperature)
 
 
+class LogitLoss(NamedTuple):
+    """One logit loss of the registry. `fn(student, teacher, target, temperature, params)`; `paper` holds the
+    temperature, its weight and the cross-entropy weight beside it in the paper's CIFAR setting (what nulls in
+    the config resolve to); `params` names its own section under distill.kd ('' when it has none)."""
+
+    fn: Callable
+    label: str  # how the log and the report name it
+    summary: str  # one line for --help and the config reference
+    paper: dict
+    params: str = ""
+
+
+LOGIT_LOSSES = {
+    "hinton": LogitLoss(lambda s, t, y, T, p: hinton(s, t, T), "Hinton KD",
+                        "T^2 KL of the softened distributions; Hinton et al. 2015",
+                        {"temperature": 4.0, "weight": 0.9, "ce_weight": 0.1}),
+    "dkd": LogitLoss(lambda s, t, y, T, p: dkd(s, t, y, T, p["alpha"], p["beta"]), "DKD",
+                     "decoupled target / non-target KD; Zhao et al. 2022",
+                     {"temperature": 4.0, "weight": 1.0, "ce_weight": 1.0}, "dkd"),
+    "dist": LogitLoss(lambda s, t, y, T, p: dist(s, t, T, p["beta"], p["gamma"]), "DIST",
+                      "Pearson relations within and between classes; Huang et al. 2022",
+                      {"temperature": 4.0, "weight": 1.0, "ce_weight": 1.0}, "dist"),
+    "standardized": LogitLoss(lambda s, t, y, T, p: standardized(s, t, T), "standardized-logit KD",
+                              "KD on z-scored logits; Sun et al. 2024",
+                              {"temperature": 2.0, "weight": 9.0, "ce_weight": 0.1}),
+}
+
+
 def logit_loss(method, student, teacher, target, temperature, params):
     """The named method's loss; `params` holds its own parameters (dkd: alpha, beta; dist: beta, gamma)."""
-    if method == "hinton":
-        return hinton(student, teacher, temperature)
-    if method == "dkd":
-        return dkd(student, teacher, target, temperature, params["alpha"], params["beta"])
-    if method == "dist":
-        return dist(student, teacher, temperature, params["beta"], params["gamma"])
-    if method == "standardized":
-        return standardized(student, teacher, temperature)
-    raise ValueError(f"unknown distillation method '{method}'")
+    return LOGIT_LOSSES[method].fn(student, teacher, target, temperature, params)

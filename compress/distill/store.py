@@ -411,3 +411,63 @@ class TeacherOutputStore:
         if seconds is not None:
             info["seconds"] = round(seconds, 2)
         return info
+
+
+def why_not_stored(d):
+    """Why the teacher runs on every batch instead of being read from the store ('' when it is stored), for the
+    distill config `d`."""
+    from compress.distill.feature_losses import FEATURE_LOSSES
+
+    if not d.store.enabled:
+        return "distill.store.enabled is false"
+    unstored = [name for name, loss in FEATURE_LOSSES.items() if getattr(d, name).weight and not loss.stored]
+    if unstored:
+        return (f"the {unstored[0]} loss needs the teacher's feature maps, which the store does not keep (kilobytes "
+                "per image)")
+    if not (d.loss_weights()["kd"] or any(getattr(d, n).weight for n, loss in FEATURE_LOSSES.items() if loss.stored)):
+        return "no loss needs the teacher"
+    return ""
+
+
+def plan_store(folder, env, d, teacher_sha256, teacher_model, teacher, train_set, classes, precision):
+    """(store, plan) when the teacher's outputs are stored, else (None, why not). Checked before anything is
+    written: a store that would not fit on the disk is refused here, with the numbers."""
+    why = why_not_stored(d)
+    if why:
+        return None, why
+    a = train_set.augment
+    spec = StoreSpec(
+        teacher_sha256=teacher_sha256, teacher_model=teacher_model, data_fingerprint=train_set.fingerprint(),
+        samples=len(train_set), views=a.views, classes=classes, top_k=default_top_k(classes, d.store.top_k),
+        augment={"kind": a.kind, "flip": a.flip, "padding": a.padding, "scale": list(a.scale),
+                 "view_seed": a.view_seed, "mix": a.mix, "mix_alpha": a.mix_alpha},
+        precision=precision.name, cosine_layer=teacher.cosine_layer or "", cosine_width=teacher.cosine_width or 0)
+    store = TeacherOutputStore(folder, spec)
+    plan = store.prepare(env)
+    dist.on_main(env, store.check_disk, plan["missing"])
+    return store, plan
+
+
+def fill_store(store, plan, teacher, train_set, env, batch_size, precision, shown):
+    """Build what the store lacks (or nothing), open it, and return what it cost for the metrics; `shown` is the
+    store folder as the log names it."""
+    if store is None:
+        if env.is_main:
+            log.info("distill: the teacher runs on every batch (%s)", plan)
+        return {"mode": "teacher on every batch", "why": plan}
+    s = store.spec
+    if env.is_main:
+        what = (f"{s.views} view(s) x {s.samples:,} images, {s.bytes_per_row()} bytes each "
+                f"({'all' if s.dense else f'top {s.top_k} of'} {s.classes} logits), {s.total_bytes() / 1e6:.1f} MB")
+        verb = {"reuse": "reusing", "resume": "resuming the build of", "build": "building", "extend": "extending",
+                "rebuild": "rebuilding"}[plan["status"]]
+        log.info("distill: teacher outputs: %s the store in %s: %s (%s)", verb, shown, what, plan["reason"])
+    start = time.perf_counter()
+    if plan["missing"]:
+        store.build(teacher, train_set, env, batch_size, lambda x: precision.inputs(x, env.device), plan,
+                    precision.autocast)
+        if env.is_main:
+            log.info("distill: teacher outputs for %d chunk(s) computed in %.1fs", len(plan["missing"]),
+                     time.perf_counter() - start)
+    store.open()
+    return store.describe(plan, time.perf_counter() - start)

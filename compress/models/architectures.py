@@ -115,6 +115,29 @@ class CifarResNet(nn.Module):
         return self.classifier(torch.flatten(self.pool(self.layers(self.stem(x))), 1))
 
 
+class PhotoResNet(nn.Module):
+    """A ResNet of basic blocks laid out for photos (ImageNet's layout: a stride-2 stem and a max-pool, then four
+    stages at widths w, 2w, 4w, 8w, stride 2 between them), with `depths` blocks per stage: narrower and shallower
+    than resnet18 to be a student whose int8 form is fast in onnxruntime - plain 3x3 convolutions with enough
+    channels for int8 kernels, no depthwise ones (those gain nothing from int8 on a CPU: BENCHMARKS.md)."""
+
+    def __init__(self, in_channels=3, num_classes=10, depths=(1, 1, 1, 1), width=32):
+        super().__init__()
+        self.stem = nn.Sequential(conv_bn_relu(in_channels, width, stride=2), nn.MaxPool2d(3, 2, 1))
+        channels = width
+        for i, depth in enumerate(depths):
+            out = width * 2 ** i
+            blocks = [BasicBlock(channels if b == 0 else out, out, 2 if i > 0 and b == 0 else 1) for b in range(depth)]
+            setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
+            channels = out
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(channels, num_classes)
+
+    def forward(self, x):
+        x = self.layer4(self.layer3(self.layer2(self.layer1(self.stem(x)))))
+        return self.classifier(torch.flatten(self.pool(x), 1))
+
+
 def _small_input(image_size):
     # ImageNet stems shrink 224px by 4 before the first block; on 32px or smaller images that throws away
     # most of the signal, so small inputs get the CIFAR-style stem (3x3, stride 1, no max-pool).

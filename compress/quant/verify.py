@@ -12,33 +12,13 @@ from compress.cpus import usable_cpus
 from compress.deploy.latency import compare_latency, speedup_text
 from compress.deploy.onnx_model import read_onnx
 from compress.deploy.runtimes import compare_in_openvino, onnxruntime_session
+from compress.training.paired import p_text
 
 
 def onnx_correct(onnx_model, loader):
     """Whether an ONNX file's top-1 pick is right, per image of a labelled loader (a bool array)."""
     return np.concatenate([onnx_model(x.numpy()).argmax(1) == y.numpy() for x, y, *_ in loader] or
                           [np.zeros(0, dtype=bool)])
-
-
-def paired(first, second):
-    """Two files' per-image correctness on the same images, compared: how many each alone got right, and the
-    exact two-sided McNemar p-value of the difference (only the images they disagree on carry evidence; p near
-    1: the accuracies differ by chance alone; below 0.05: a difference beyond noise)."""
-    only_first, only_second = int((first & ~second).sum()), int((second & ~first).sum())
-    return {"only_first": only_first, "only_second": only_second, "p": mcnemar_p(only_first, only_second)}
-
-
-def mcnemar_p(only_first, only_second):
-    """The exact two-sided McNemar p of `only_first` images right only with one model and `only_second` only with
-    the other (4 significant digits)."""
-    n, k = only_first + only_second, min(only_first, only_second)
-    # the binomial(n, 1/2) tail in logs: exact to float precision, and milliseconds even for n in the tens of
-    # thousands (big-integer binomials took minutes there)
-    log_half_n = n * math.log(2)
-    tail = sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) - log_half_n)
-               for i in range(k + 1))
-    p = min(1.0, 2 * tail) if n else 1.0
-    return float(f"{p:.4g}")
 
 
 @torch.no_grad()
@@ -118,11 +98,6 @@ def _above(value):
     """A round number above `value` (a tolerance to suggest)."""
     exponent = math.floor(math.log10(value)) if value > 0 else -6
     return f"{math.ceil(value / 10 ** exponent) * 10 ** exponent:g}"
-
-
-def p_text(p):
-    """A p-value as the report prints it: '= 0.25', '= 0.0032', '< 0.0001'."""
-    return "< 0.0001" if p < 1e-4 else f"= {p:.2g}"
 
 
 def int8_choice(report):

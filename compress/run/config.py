@@ -21,6 +21,7 @@ from typing import Literal, Optional
 import yaml
 
 from compress.data.registry import DATASETS
+from compress.distill.logit_losses import LOGIT_LOSSES
 from compress.errors import ConfigError, InputError
 from compress.run import schema
 from compress.run.schema import problems_if
@@ -247,17 +248,19 @@ class DISTConfig:
                      (outside(self.gamma, 0, 1e6), f"gamma: must be >= 0, got {self.gamma}")])
 
 
+def _paper(field):
+    return ", ".join(f"{name} {loss.paper[field]:g}" for name, loss in LOGIT_LOSSES.items())
+
+
 @dataclass(frozen=True)
 class KDConfig:
-    method: Literal["hinton", "dkd", "dist", "standardized"] = _f(
-        "standardized", "logit loss: hinton (T^2 KL of the softened distributions; Hinton et al. 2015), dkd (decoupled "
-                  "target / non-target KD; Zhao et al. 2022), dist (Pearson relations within and between classes; "
-                  "Huang et al. 2022), standardized (KD on z-scored logits; Sun et al. 2024)")
-    weight: Optional[float] = _f(None, "weight of the logit loss; 0 turns it off; null: the method's paper weight "
-                                       "(hinton 0.9, dkd 1, dist 1, standardized 9)")
-    temperature: Optional[float] = _f(None, "softmax temperature T; null: the method's paper default (hinton, dkd, "
-                                            "dist 4; standardized 2, set for 100 classes: with 10, T 1 measured "
-                                            "better)")
+    method: Literal[tuple(LOGIT_LOSSES)] = _f(
+        "standardized", "logit loss: " + ", ".join(f"{name} ({loss.summary})" for name, loss in LOGIT_LOSSES.items()))
+    weight: Optional[float] = _f(None, f"weight of the logit loss; 0 turns it off; null: the method's paper weight "
+                                       f"({_paper('weight')})")
+    temperature: Optional[float] = _f(None, f"softmax temperature T; null: the method's paper default "
+                                            f"({_paper('temperature')}; standardized's 2 was set for 100 classes: with "
+                                            "10, T 1 measured better)")
     dkd: DKDConfig = _f(DKDConfig(), "")
     dist: DISTConfig = _f(DISTConfig(), "")
 
@@ -267,20 +270,21 @@ class KDConfig:
                       f"temperature: must be in (0, 1000], got {self.temperature}")])
 
     @property
+    def loss(self):
+        return LOGIT_LOSSES[self.method]
+
+    @property
     def resolved_temperature(self):
-        return self.temperature if self.temperature is not None else PAPER_SETTINGS[self.method]["temperature"]
+        return self.temperature if self.temperature is not None else self.loss.paper["temperature"]
 
     @property
     def resolved_weight(self):
-        return self.weight if self.weight is not None else PAPER_SETTINGS[self.method]["weight"]
+        return self.weight if self.weight is not None else self.loss.paper["weight"]
 
-
-# each logit loss's paper CIFAR setting (TOOLCHAIN.md): what its temperature, its weight and the cross-entropy's
-# weight beside it are when the config leaves them at null
-PAPER_SETTINGS = {"hinton": {"temperature": 4.0, "weight": 0.9, "ce_weight": 0.1},
-                  "dkd": {"temperature": 4.0, "weight": 1.0, "ce_weight": 1.0},
-                  "dist": {"temperature": 4.0, "weight": 1.0, "ce_weight": 1.0},
-                  "standardized": {"temperature": 2.0, "weight": 9.0, "ce_weight": 0.1}}
+    @property
+    def params(self):
+        """The method's own parameters ({} when it has none): its section under distill.kd, as a dict."""
+        return dataclasses.asdict(getattr(self, self.loss.params)) if self.loss.params else {}
 
 
 @dataclass(frozen=True)
@@ -324,7 +328,7 @@ class DistillConfig(SGDRecipe):
     epochs: int = _f(8, "training epochs")
     lr: float = _f(0.05, "peak learning rate")
     ce_weight: Optional[float] = _f(None, "weight of cross-entropy on the labels; null: the one kd.method's paper "
-                                          "uses beside it (hinton 0.1, dkd 1, dist 1, standardized 0.1)")
+                                          f"uses beside it ({_paper('ce_weight')})")
     kd: KDConfig = _f(KDConfig(), "the logit loss: knowledge distillation from the teacher's logits")
     cosine: CosineConfig = _f(CosineConfig(), "cosine loss on hidden representations")
     hint: HintConfig = _f(HintConfig(), "FitNets hint")
@@ -352,7 +356,7 @@ class DistillConfig(SGDRecipe):
 
     @property
     def resolved_ce_weight(self):
-        return self.ce_weight if self.ce_weight is not None else PAPER_SETTINGS[self.kd.method]["ce_weight"]
+        return self.ce_weight if self.ce_weight is not None else self.kd.loss.paper["ce_weight"]
 
     def loss_weights(self):
         """{term: weight} of the four distillation terms, nulls resolved; a term of weight 0 is off."""

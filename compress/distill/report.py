@@ -1,0 +1,88 @@
+"""What distilling gained, in numbers and words: the distilled student against the student trained alone,
+image by image on the validation images (McNemar), and from which epoch of the same schedule it stayed as good
+as the student alone ended - the figures the distill stage records and the sentences the run report prints."""
+
+import math
+
+import torch
+
+from compress.training import distributed as dist
+from compress.training.paired import mcnemar_p, p_text
+
+
+@torch.no_grad()
+def paired_students(env, val, distilled, alone):
+    """Each (model, precision) pair on this rank's share of the validation images, counts summed over ranks:
+    {"val_images", "distilled_only_right", "alone_only_right", "gain_p"}."""
+    counts = torch.zeros(3, dtype=torch.float64)  # right only distilled, right only alone, images
+    for batch in val:
+        y = batch.y.to(env.device)
+        right = []
+        for model, precision in (distilled, alone):
+            model.eval()
+            with precision.autocast():
+                right.append(model(precision.inputs(batch.x, env.device)).float().argmax(1) == y)
+        first, second = right
+        counts += torch.tensor([(first & ~second).sum().item(), (second & ~first).sum().item(), len(y)],
+                               dtype=torch.float64)
+    only_first, only_second, images = (int(v) for v in dist.all_reduce(env, counts).tolist())
+    return {"val_images": images, "distilled_only_right": only_first, "alone_only_right": only_second,
+            "gain_p": mcnemar_p(only_first, only_second)}
+
+
+def epoch_passing(history, accuracy):
+    """The epoch (1-based) from which the validation accuracy stays at or above `accuracy` to the end, or None:
+    not the first crossing, which a noisy epoch can make early."""
+    passing = None
+    for h in history:
+        if h["val_acc"] < accuracy:
+            passing = None
+        elif passing is None:
+            passing = h["epoch"]
+    return passing
+
+
+def gain_notes(m, method):
+    """The report's sentences on what distilling gained, from the distill stage's metrics `m` ([] without a
+    student alone); `method` is the logit loss's label."""
+    if "baseline_val_acc" not in m:
+        return []
+    extra, same = "", "same initialisation, schedule, seed and augmented views"
+    if m.get("unlabelled_images"):
+        ratio = (m["labelled_images"] + m["unlabelled_images"]) / m["labelled_images"]
+        same = "same initialisation, seed, augmented views and number of epochs"
+        extra = (f" The distilled student also learned from {m['unlabelled_images']:,} unlabelled images through the "
+                 f"teacher; the student trained alone saw only the {m['labelled_images']:,} labelled ones, so each of "
+                 f"its epochs was {ratio:.1f}x fewer optimizer steps: part of the gain is that extra training. The "
+                 f"student alone trained for {math.ceil(m['epochs'] * ratio)} epochs would take as many steps; "
+                 f"compare with it before crediting the teacher with all of the gain.")
+    if m.get("mix", "none") != "none":  # the same augmentation for both, but mixing can handicap the one alone
+        extra += (f" Both students trained on {m['mix']}-mixed images, which can cost a student trained alone points "
+                  f"of its own: the student alone of a run with distill.mix=none is the one to beat.")
+    return [f"Distillation ({method}) gained {m['gain_points']:+.2f} points: the distilled student reaches "
+            f"{m['val_acc']:.2f}%, the same student trained alone ({same}) {m['baseline_val_acc']:.2f}%; the teacher "
+            f"{m['teacher_val_acc']:.2f}%.{_noise(m)}{'' if m.get('unlabelled_images') else _time_gain(m)}{extra}"]
+
+
+def _noise(m):
+    """Whether the two students differ beyond chance on these validation images (not across seeds)."""
+    if "gain_p" not in m:  # a run recorded before this was measured
+        return ""
+    told = (f" Of {m['val_images']:,} validation images, {m['distilled_only_right']:,} are right only with the "
+            f"distilled student and {m['alone_only_right']:,} only with the student alone (McNemar p "
+            f"{p_text(m['gain_p'])})")
+    if m["gain_p"] < 0.05:
+        return told + ": a difference beyond noise on these images (another seed still moves each student a little)."
+    return (told + ": within noise - these images cannot tell the two apart; more validation images, or runs with "
+            "other seeds, would.")
+
+
+def _time_gain(m):
+    """From which epoch on the distilled student stayed at or above the student alone's final accuracy."""
+    epoch, epochs = m.get("epoch_passing_alone"), m.get("epochs")
+    if not epoch or not epochs or m["gain_points"] <= 0:
+        return ""
+    if epoch == epochs:
+        return " It reached the student alone's final accuracy only at its last epoch."
+    return (f" From epoch {epoch} of {epochs} on ({epoch / epochs:.0%} of the way through the same learning-rate "
+            f"schedule) it stayed at or above the student alone's final accuracy.")
