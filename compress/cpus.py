@@ -75,13 +75,20 @@ def usable_set():
         return set(range(os.cpu_count() or 1))
 
 
-def crowding_note(threads, busy):
-    """A warning when other processes keep cores busy that this process's `threads` threads will share, or ''."""
+def threads_beside(threads, busy):
+    """How many of `threads` threads to train on when other processes keep `busy` of our CPUs busy: the cores
+    left free (at least 1), or `threads` when nothing is in the way (or /proc/stat could not say)."""
     if busy is None or threads <= 1 or busy < 0.5:
-        return ""
-    free = max(1, min(threads, round(usable_cpus() - busy)))
+        return threads
+    return max(1, min(threads, round(usable_cpus() - busy)))
+
+
+def crowding_note(threads, busy):
+    """What the run does beside busy neighbours, in words, or '' when it keeps `threads`."""
+    free = threads_beside(threads, busy)
     if free >= threads:
         return ""
-    return (f"other processes are keeping {busy:.1f} of this process's {usable_cpus()} CPUs busy: with {threads} "
-            f"threads every step waits for the busiest core (8x slower beside one busy core, BENCHMARKS.md); "
-            f"--set train.threads={free} makes each step wait on fewer shared cores")
+    return (f"other processes are keeping {busy:.1f} of this process's {usable_cpus()} CPUs busy: training on {free} "
+            f"thread(s) instead of {threads}, so that no step waits for a shared core (with {threads}, every step "
+            f"waits for the busiest core: 8x slower beside one busy core, BENCHMARKS.md); set train.threads to choose "
+            f"the count yourself")

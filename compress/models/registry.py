@@ -6,7 +6,15 @@ import difflib
 
 from compress.errors import InputError
 from compress.models import sources
-from compress.models.architectures import CifarResNet, CompactCNN, DeepCNN, LightCNN, _mobilenet_v2, _resnet18
+from compress.models.architectures import (
+    CifarResNet,
+    CompactCNN,
+    DeepCNN,
+    LightCNN,
+    PhotoResNet,
+    _mobilenet_v2,
+    _resnet18,
+)
 
 MODELS = {
     "deep_cnn": lambda c, s, n: DeepCNN(c, s, n),
@@ -17,6 +25,8 @@ MODELS = {
     "resnet20": lambda c, s, n: CifarResNet(c, n, n=3),
     "resnet18": lambda c, s, n: _resnet18(c, s, n),
     "mobilenet_v2": lambda c, s, n: _mobilenet_v2(c, s, n),
+    "resnet18_half": lambda c, s, n: PhotoResNet(c, n, depths=(2, 2, 2, 2), width=32),
+    "resnet10_half": lambda c, s, n: PhotoResNet(c, n, depths=(1, 1, 1, 1), width=32),
     "quantizable_resnet18": lambda c, s, n: _resnet18(c, s, n, quantizable=True),
     "quantizable_mobilenet_v2": lambda c, s, n: _mobilenet_v2(c, s, n, quantizable=True),
 }
@@ -30,6 +40,9 @@ DESCRIPTIONS = {
     "resnet20": "CIFAR ResNet-20: 3 stages of 3 basic blocks, 16/32/64 wide, 272k parameters",
     "resnet18": "torchvision resnet18 (CIFAR-style stem below 64 px)",
     "mobilenet_v2": "torchvision mobilenet_v2 (stride-1 stem below 64 px)",
+    "resnet18_half": "photo student: resnet18's layout at half the width (32-256 channels), 2.8M parameters; "
+                     "int8 2-2.5x faster than fp32 in onnxruntime",
+    "resnet10_half": "photo student: one basic block per stage, 32-256 channels, 1.2M parameters",
     "quantizable_resnet18": "torchvision.models.quantization resnet18 (quant stubs, FloatFunctional adds)",
     "quantizable_mobilenet_v2": "torchvision.models.quantization mobilenet_v2",
 }

@@ -122,12 +122,14 @@ class StageContext:
         the log, with the models placed in its memory layout (`example`: one input batch)."""
         precision = Precision.for_run(self.cfg.train.precision, self.env.device, models, example)
         precision = precision.place(models, example)
+        threads = self.env.threads or "?"
+        if self.env.check_neighbours:
+            if _fit_threads_to_free_cores():
+                threads = f"{torch.get_num_threads()} (beside busy neighbours)"
         if self.env.is_main:
             log.info("%s: trains in %s (%s) on %s CPU thread(s) per process", self.stage,
                      precision.name if precision.dtype is None else f"{precision.name} autocast", precision.reason,
-                     self.env.threads or "?")
-            if self.env.check_neighbours:
-                _warn_if_crowded(torch.get_num_threads())
+                     threads)
         return precision
 
     def session(self, modules, optimizer, steps_per_epoch, epochs, part="", precision=FP32, extra=None):
@@ -180,17 +182,22 @@ class StageContext:
 _crowding_checked = []  # once per process: the first training stage looks, the later ones would repeat it
 
 
-def _warn_if_crowded(threads):
-    """Other processes busy on our CPUs make every one of our threads wait for them: say so, with the count to set
-    (0.2 s of /proc/stat, once, as the first training stage starts - after every input was checked)."""
-    from compress.cpus import busy_elsewhere, crowding_note
+def _fit_threads_to_free_cores():
+    """Other processes busy on our CPUs make every one of our threads wait for them: train on the free cores
+    instead, and say so (0.2 s of /proc/stat, once, as the first training stage starts - after every input was
+    checked). Only where compress chose the thread count (env.check_neighbours). Returns the new count, or None."""
+    from compress.cpus import busy_elsewhere, crowding_note, threads_beside
 
     if _crowding_checked:
-        return
-    _crowding_checked.append(True)
-    note = crowding_note(threads, busy_elsewhere())
-    if note:
-        log.warning("%s", note)
+        return _crowding_checked[0]
+    threads = torch.get_num_threads()
+    busy = busy_elsewhere()
+    fewer = threads_beside(threads, busy)
+    _crowding_checked.append(fewer if fewer < threads else None)
+    if fewer < threads:
+        log.warning("%s", crowding_note(threads, busy))
+        torch.set_num_threads(fewer)
+    return _crowding_checked[0]
 
 
 class _Board:
