@@ -2,7 +2,8 @@
 
     NAME, SUMMARY      its name (the same word everywhere) and one line for `compress stages`
     CONFIG_KEYS        the config keys it depends on (a change reruns it; it may read nothing else but `train`);
-                       '-data.unlabeled' leaves a part out of a section it otherwise reads
+                       a key written with a leading '-' (LEFT_OUT) leaves that part out of a section it otherwise
+                       reads
     OUTPUTS            {output name: run-relative path}: the only place its file paths are written down
     PARTS              the models it trains, each with its own resume checkpoint ("" first; distill: "baseline")
     RANK0_ONLY         whether it runs on rank 0 alone (export) or on every rank (the training stages)
@@ -10,6 +11,18 @@
                        reads
     run(ctx)           -> StageResult
     report_rows(entry, path)   its rows of the run report, read from its own OUTPUTS via `path(output)`
+
+A worked example - the teacher stage declares
+
+    CONFIG_KEYS = ("seed", "data", "-data.unlabeled", "model.teacher", "model.teacher_weights", "teacher")
+    OUTPUTS = {"model": "teacher/model.safetensors", "metrics": "teacher/metrics.json"}
+    def inputs(cfg): return [Images("root"), Code("model.teacher"), File(<weights file>, "model.teacher_weights")]
+
+so: changing `teacher.lr`, `seed` or any `data.*` key but `data.unlabeled` reruns it (the teacher never sees the
+unlabelled images); `train.*` never does (how to run, not what to compute); `ctx.cfg.distill` inside it raises
+UndeclaredConfigRead naming these keys (reading a key it does not declare would let its outputs go stale
+silently); images added to data.root, an edit of the model's own code, or another weights file rerun it through
+`inputs`; and it may write only the two files of OUTPUTS (plus its resume checkpoint under teacher/last/).
 """
 
 import os
@@ -49,7 +62,7 @@ class Images(NamedTuple):
 
     @property
     def input_key(self):
-        return f"{EXTERNAL}images in data.{self.key}"
+        return f"{IMAGES_DIGEST} data.{self.key}"
 
 
 class Code(NamedTuple):
@@ -60,10 +73,13 @@ class Code(NamedTuple):
 
     @property
     def input_key(self):
-        return f"{EXTERNAL}code of {self.key}"
+        return f"{CODE_DIGEST} {self.key}"
 
 
-DIGESTS = (f"{EXTERNAL}images in", f"{EXTERNAL}code of")  # inputs that are not files of their own
+LEFT_OUT = "-"  # CONFIG_KEYS: '-data.unlabeled' = every key of `data` but `unlabeled`
+IMAGES_DIGEST = f"{EXTERNAL}images in"  # input keys of Images (a listing's digest, not a file of its own)
+CODE_DIGEST = f"{EXTERNAL}code of"  # input keys of Code (a model's source file)
+DIGESTS = (IMAGES_DIGEST, CODE_DIGEST)  # inputs that are not files of their own
 
 
 @dataclass
