@@ -42,7 +42,7 @@ def test_recipes_work_by_name_and_by_their_repository_path_from_any_folder(tmp_p
     assert by_name.returncode == 0 and by_path.returncode == 0, by_name.stderr + by_path.stderr
     assert "name: digits" in by_name.stdout and by_name.stdout == by_path.stdout
     listing = compress_subprocess("config", "--list", cwd=tmp_path).stdout
-    assert {"cifar10", "default", "digits-quick", "cifar10-tutorial", "imagefolder-resnet18"} <= {
+    assert {"cifar10", "default", "digits-quick", "cifar10-tutorial", "photos"} <= {
         line.split()[0] for line in listing.splitlines()}
     for line in listing.splitlines():  # was: cut at the end of the comment's first line ("... a few minutes on a")
         assert line.rstrip().endswith((".", " ...")), line

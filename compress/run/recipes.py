@@ -7,6 +7,9 @@ import os
 from compress.errors import InputError
 
 
+RENAMED = {"imagefolder-resnet18": "photos"}  # recipes under their older names
+
+
 def _folder():
     return importlib.resources.files("compress.recipes")
 
@@ -42,6 +45,8 @@ def resolve(value):
     if value is None or os.path.exists(os.path.expanduser(value)):  # a folder is refused by name below
         return value, ""
     stem = os.path.splitext(os.path.basename(value))[0]
+    if stem in RENAMED and path_of(stem) is None:
+        return path_of(RENAMED[stem]), f"the recipe '{stem}' is now called '{RENAMED[stem]}'; using it"
     found = path_of(stem) if stem and (value == stem or value.endswith((".yaml", ".yml"))) else None
     if found:
         return found, ("" if value == stem else f"{value} is not here; using the shipped recipe '{stem}'")
