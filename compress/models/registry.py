@@ -3,8 +3,8 @@ that builds any model name the config can hold (a registry name, `torchvision:<b
 """
 
 import difflib
+from typing import Callable, NamedTuple
 
-from compress.errors import InputError
 from compress.models import sources
 from compress.models.architectures import (
     CifarResNet,
@@ -48,13 +48,47 @@ DESCRIPTIONS = {
 }
 
 
+class Source(NamedTuple):
+    """One way a model name is read: its syntax and, for a name it `matches`, how to `build` it and why it cannot
+    be built (`problem`: a sentence, or None)."""
+
+    syntax: str
+    summary: str
+    matches: Callable
+    build: Callable  # build(name, channels, (height, width), num_classes) -> nn.Module
+    problem: Callable
+
+
+def _registry_problem(name):
+    close = difflib.get_close_matches(name, list(MODELS), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return (f"unknown model '{name}'{hint}; choose one of {', '.join(MODELS)}, or "
+            + ", or ".join(s.syntax for key, s in SOURCES.items() if key != "registry"))
+
+
+# How model.teacher / model.student are read: the first source whose `matches` accepts the name builds it.
+SOURCES = {
+    "registry": Source("<name>", "a model of compress's registry (`compress models`)",
+                       lambda n: ":" not in n, lambda n, c, s, k: MODELS[n](c, s, k),
+                       lambda n: None if n in MODELS else _registry_problem(n)),
+    "torchvision": Source("torchvision:<builder>", "any torchvision classification builder (resnet50, ...)",
+                          lambda n: n.startswith(sources.TORCHVISION), sources.build_torchvision,
+                          sources.torchvision_problem),
+    "code": Source("<module>:<function>", "your own code: function(num_classes=, in_channels=, image_size=)",
+                   lambda n: ":" in n, sources.build_user_model, sources.user_code_problem),
+}
+
+
+def source_of(name):
+    """The SOURCES entry that reads `name`."""
+    return next(source for source in SOURCES.values() if source.matches(name))
+
+
 def build_model(name, input_shape, num_classes):
-    """Build a model (registry name, torchvision:<builder> or module:function; see compress.model_sources) for
-    (channels, height, width) inputs with a deterministic initialisation (callers seed torch first)."""
+    """Build a model (a registry name, torchvision:<builder> or module:function: SOURCES) for (channels, height,
+    width) inputs with a deterministic initialisation (callers seed torch first)."""
     channels, height, width = input_shape
-    if name in MODELS:
-        return MODELS[name](channels, (height, width), num_classes)
-    return sources.build_from_source(name, channels, (height, width), num_classes)
+    return source_of(name).build(name, channels, (height, width), num_classes)
 
 
 def count_parameters(model):
@@ -63,24 +97,4 @@ def count_parameters(model):
 
 def source_problem(name):
     """Why `name` cannot be built, or None (checked before anything is written)."""
-    if name in MODELS:
-        return None
-    if name.startswith(sources.TORCHVISION):
-        builder = name[len(sources.TORCHVISION):]
-        known = sources.torchvision_builders()
-        if builder in known:
-            return None
-        close = difflib.get_close_matches(builder, known, n=1)
-        hint = f" (did you mean 'torchvision:{close[0]}'?)" if close else ""
-        return (f"torchvision has no classification model '{builder}'{hint}; see "
-                "torchvision.models.list_models() for the names")
-    if ":" in name:
-        try:
-            sources.user_function(name)
-        except InputError as e:
-            return str(e)
-        return None
-    close = difflib.get_close_matches(name, list(MODELS), n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return (f"unknown model '{name}'{hint}; choose one of {', '.join(MODELS)}, or torchvision:<builder>, or "
-            "<module>:<function>")
+    return source_of(name).problem(name)

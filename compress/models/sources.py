@@ -4,6 +4,7 @@ in_channels=, image_size=)` (it receives only the arguments its signature names)
 module is imported from the working directory or an installed package - it is code the user trusts, run as is.
 """
 
+import difflib
 import hashlib
 import importlib
 import inspect
@@ -61,15 +62,37 @@ def code_digest(name):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def build_from_source(name, in_channels, image_size, num_classes):
-    """A torchvision or user model; registry names are built by compress.models.build_model."""
-    if name.startswith(TORCHVISION):
-        from torchvision.models import get_model_builder
+def build_torchvision(name, in_channels, image_size, num_classes):
+    """torchvision:<builder>, untrained, with the data's classes and channels."""
+    from torchvision.models import get_model_builder
 
-        arch = name[len(TORCHVISION):]
-        aux = {"aux_logits": False, "init_weights": True} if arch in ("googlenet", "inception_v3") else {}  # one tensor
-        model = get_model_builder(arch)(weights=None, num_classes=num_classes, **aux)
-        return adapt_input_channels(model, in_channels)
+    arch = name[len(TORCHVISION):]
+    aux = {"aux_logits": False, "init_weights": True} if arch in ("googlenet", "inception_v3") else {}  # one tensor
+    model = get_model_builder(arch)(weights=None, num_classes=num_classes, **aux)
+    return adapt_input_channels(model, in_channels)
+
+
+def torchvision_problem(name):
+    builder = name[len(TORCHVISION):]
+    known = torchvision_builders()
+    if builder in known:
+        return None
+    close = difflib.get_close_matches(builder, known, n=1)
+    hint = f" (did you mean 'torchvision:{close[0]}'?)" if close else ""
+    return (f"torchvision has no classification model '{builder}'{hint}; see torchvision.models.list_models() for "
+            "the names")
+
+
+def user_code_problem(name):
+    try:
+        user_function(name)
+    except InputError as e:
+        return str(e)
+    return None
+
+
+def build_user_model(name, in_channels, image_size, num_classes):
+    """<module>:<function>: the user's function, given the arguments its signature names."""
     fn = user_function(name)
     offered = {"num_classes": num_classes, "in_channels": in_channels, "image_size": tuple(image_size)}
     try:

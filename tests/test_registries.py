@@ -1,0 +1,78 @@
+"""Each extension point is one registry, and everything a user sees derives from it: the config's choices, its
+reference, the log's words and the docs. A loss added to a registry is a loss the product trains with."""
+
+import dataclasses
+import typing
+
+import torch
+
+from compress.data.registry import DATASETS, DESCRIPTIONS as DATASET_DESCRIPTIONS
+from compress.distill.feature_losses import FEATURE_LOSSES
+from compress.distill.logit_losses import LOGIT_LOSSES
+from compress.distill.objective import describe_loss, make_loss
+from compress.models.registry import DESCRIPTIONS, MODELS, SOURCES, source_of
+from compress.run import config
+from conftest import invoke
+
+
+def test_the_logit_losses_registry_is_the_configs_choices_its_reference_and_its_paper_defaults():
+    choices = typing.get_args(config.KDConfig.__dataclass_fields__["method"].type)
+    assert choices == tuple(LOGIT_LOSSES)
+    reference = invoke("config", "--reference").output
+    row = next(line for line in reference.splitlines() if line.startswith("| `distill.kd.method`"))
+    assert all(name in row for name in LOGIT_LOSSES) and all(loss.summary in row for loss in LOGIT_LOSSES.values())
+    for name, loss in LOGIT_LOSSES.items():
+        kd = config.KDConfig(method=name)
+        assert (kd.resolved_temperature, kd.resolved_weight) == (loss.paper["temperature"], loss.paper["weight"])
+        assert not loss.params or dataclasses.is_dataclass(getattr(kd, loss.params))  # its own config section
+
+
+def test_every_feature_loss_has_its_config_section():
+    for name in FEATURE_LOSSES:
+        section = config.DistillConfig.__dataclass_fields__[name].default_factory()
+        assert {"weight", "teacher_layer", "student_layer"} <= {f.name for f in dataclasses.fields(section)}
+
+
+def test_model_and_dataset_registries_are_what_compress_models_lists():
+    listed = invoke("models").output
+    assert set(MODELS) == set(DESCRIPTIONS)
+    assert all(f"  {name} " in listed for name in MODELS)
+    assert all(source.syntax in listed for key, source in SOURCES.items() if key != "registry")
+    assert listed.strip().endswith("datasets: " + ", ".join(DATASETS))
+    assert set(DATASETS) == set(DATASET_DESCRIPTIONS) == set(config.DATASET_NAMES)
+    assert [source_of(n) for n in ("resnet18_half", "torchvision:resnet18", "mymodels:tiny")] == list(SOURCES.values())
+
+
+def test_a_logit_loss_added_to_the_registry_trains_and_is_named(monkeypatch):
+    """The walk-through of docs/extending.md: one entry in LOGIT_LOSSES (and its test) is a new loss; no branch
+    elsewhere names the methods."""
+    from compress.distill.logit_losses import LogitLoss
+
+    calls = []
+
+    def squared(student, teacher, target, temperature, params):  # a stand-in loss: MSE of the logits
+        calls.append(temperature)
+        return ((student - teacher) ** 2).mean()
+
+    monkeypatch.setitem(LOGIT_LOSSES, "squared", LogitLoss(squared, "logit MSE", "MSE between logits; a test",
+                                                          {"temperature": 1.0, "weight": 2.0, "ce_weight": 0.5}))
+    kd = dataclasses.replace(config.KDConfig(), method="squared")  # the registry's key, resolved at use
+    d = dataclasses.replace(config.DistillConfig(), kd=kd)
+    assert describe_loss(d).startswith("0.5 x cross-entropy + 2 x logit MSE (T 1)")
+
+    class Student(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.fc(x), None, None
+
+    from compress.data.imageset import Batch
+
+    x = torch.randn(5, 4)
+    batch = Batch(x, torch.tensor([0, 1, 2, 0, 1]), torch.arange(5), torch.zeros(5, dtype=torch.long),
+                  torch.tensor([0, 1, 2, 0, 1]), torch.ones(5))
+    teacher = lambda x: {"logits": torch.zeros(len(x), 3)}  # noqa: E731
+    total, terms = make_loss(d, Student(), teacher, None, steps_per_epoch=1)(batch, 0)
+    assert calls == [1.0] and set(terms) == {"ce", "kd"} and torch.isfinite(total)
