@@ -6,7 +6,8 @@ import typing
 
 import torch
 
-from compress.data.registry import DATASETS, DESCRIPTIONS as DATASET_DESCRIPTIONS
+from compress.data.registry import DATASETS
+from compress.data.registry import DESCRIPTIONS as DATASET_DESCRIPTIONS
 from compress.distill.feature_losses import FEATURE_LOSSES
 from compress.distill.logit_losses import LOGIT_LOSSES
 from compress.distill.objective import describe_loss, make_loss
