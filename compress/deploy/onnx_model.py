@@ -101,6 +101,18 @@ class OnnxModel:
         if rule is not None and not (isinstance(rule, dict) and all(
                 isinstance(rule.get(k), int) and 0 < rule[k] <= 16384 for k in ("shorter_side", "height", "width"))):
             raise InputError(f"{where} compress.resize is malformed; re-export the model")
+        graph = [d if isinstance(d, int) else None for d in self.session.get_inputs()[0].shape[1:]]
+        if len(graph) == 3 and any(g is not None and g != v for g, v in zip(graph, shape)):
+            raise InputError(f"{where} compress.input_shape {shape} disagrees with the graph's input "
+                             f"{['?' if g is None else g for g in graph]}; re-export the model")
+        if rule is not None:  # the crop is what the graph is fed: any other size fails inside the runtime
+            height, width = shape[1:]
+            if (rule["height"], rule["width"]) != (height, width):
+                raise InputError(f"{where} compress.resize crops {rule['height']}x{rule['width']} images, but the "
+                                 f"model's input is {height}x{width}; re-export the model")
+            if rule["shorter_side"] < max(height, width):
+                raise InputError(f"{where} compress.resize's shorter_side {rule['shorter_side']} is smaller than its "
+                                 f"{height}x{width} crop; re-export the model")
 
     def _graph_input_shape(self):
         dims = self.session.get_inputs()[0].shape[1:]
