@@ -1,11 +1,14 @@
-"""`compress predict`, `compress eval` and `compress bench`: the deployment side, onnxruntime (or OpenVINO) only."""
+"""`compress predict`, `compress eval` and `compress bench`: the deployment side, in the registered runtimes only
+(compress.deploy.runtimes)."""
 
+import dataclasses
 import os
 
 import click
 
 from compress.cli.base import cli, debug_option
 from compress.cpus import usable_cpus
+from compress.deploy.runtimes import FIRST, RUNTIMES, bench_help
 from compress.errors import EXIT_BAD_INPUT
 
 
@@ -200,80 +203,99 @@ def _print_eval(result, names, root, model_path, png):
 
 @cli.command()
 @click.argument("models", nargs=-1, required=True, type=click.Path())
-@click.option("--batch", default="1,64", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--batch", default=None, help="Comma-separated batch sizes [default: 1,64; for a run directory, its "
+                                            "export.latency_batch_sizes].")
 @click.option("--threads", default=None, help="Comma-separated thread counts [default: 1,<all cores>].")
-@click.option("--repeats", type=click.IntRange(1, 100_000), default=30, show_default=True,
-              help="Timed runs per cell with one model; with two, repeats/5 interleaved rounds (3 to 10), each "
-                   "timing both for about 0.25 s.")
-@click.option("--warmup", type=click.IntRange(0, 10_000), default=5, show_default=True, help="Untimed runs first.")
-@click.option("--runtime", type=click.Choice(["onnxruntime", "openvino"]), default="onnxruntime", show_default=True,
-              help="Runtime to time in (openvino needs its package: pip install openvino).")
+@click.option("--repeats", type=click.IntRange(1, 100_000), default=None,
+              help="Most timed runs of a file in each of the 5 interleaved rounds (each round up to 0.05 s a file) "
+                   "[default: 30; for a run directory, its export.latency_repeats].")
+@click.option("--warmup", type=click.IntRange(0, 10_000), default=None,
+              help="Untimed runs of each file first [default: 5; for a run directory, its export.latency_warmup].")
+@click.option("--runtime", type=click.Choice(tuple(RUNTIMES)), default=FIRST, show_default=True, help=bench_help())
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @debug_option
-def bench(models, batch, threads, repeats, warmup, runtime):
-    """Time ONNX models: latency per batch size and thread count, in onnxruntime or OpenVINO.
+def bench(models, batch, threads, repeats, warmup, runtime, as_json):
+    """Time ONNX files the way the export stage times them: every file in every cell (batch size x thread count),
+    the files taking turns in 5 interleaved rounds so a busy machine slows them alike; a cell's figure is the
+    median over the rounds of each round's fastest call, on random pixels normalised as the file says. The
+    report's latency table and the export verdict are these figures.
 
-    Given one file: its median latency per cell. Given two (e.g. fp32 and int8), both are timed side by side,
-    interleaved in rounds so a busy machine slows them alike, and the table shows each one's median time over
-    the rounds, the ratio, and which is faster. Given a run directory: its fp32 file against the int8 file its
-    export verdict weighed.
+    MODELS are .onnx files (up to 8; the others are compared with the first), or a run directory: then the files
+    its export verdict weighed (fp32, QAT int8, PTQ int8), timed with its export.latency_* settings.
 
     \b
     Examples:
       compress bench artifacts/default
       compress bench artifacts/default/export/model.int8.onnx --batch 1,64 --threads 1,2
       compress bench artifacts/default/export/model.fp32.onnx artifacts/default/export/model.int8.onnx
-      compress bench artifacts/default/export/model.int8.onnx --runtime openvino
+      compress bench artifacts/default --runtime openvino --json
     """
-    from compress.deploy.latency import latency_table
-    from compress.deploy.runtimes import check
+    import json
 
-    if len(models) > 2:
-        raise click.BadParameter("give one ONNX file, or two to compare", param_hint="MODELS")
+    from compress.cpus import busy_elsewhere
+    from compress.deploy.latency import default_threads, latency_tables, protocol
+
+    if len(models) > 8:
+        raise click.BadParameter("give at most 8 ONNX files, or one run directory", param_hint="MODELS")
+    settings = (None, None, None)
     if len(models) == 1 and os.path.isdir(models[0]):
-        models = _run_pair(models[0])
+        models, settings = _run_files(models[0])
     for path in models:
-        check(runtime, path)  # a clear error for a missing or non-ONNX file, or a missing runtime
-    batches = _int_list(batch, "--batch", 4096)
-    thread_list = _int_list(threads, "--threads", 1024) if threads else None
-    if len(models) == 2:
-        _compare(models, batches, thread_list, max(3, min(repeats, 50) // 5), warmup, runtime)
-        return
-    rows = latency_table(models[0], batches, thread_list, repeats, warmup, runtime=runtime)
-    click.echo(f"{models[0]} ({runtime}, CPU, median of {repeats})")
+        RUNTIMES[runtime].check(path)  # a clear error for a missing or non-ONNX file, or a missing runtime
+    batches = _int_list(batch, "--batch", 4096) if batch else list(settings[0] or (1, 64))
+    thread_list = _int_list(threads, "--threads", 1024) if threads else default_threads()
+    repeats = repeats or settings[1] or 30
+    warmup = next(w for w in (warmup, settings[2], 5) if w is not None)
+    busy = busy_elsewhere()
+    if busy is not None and busy >= 0.5:  # said once, as the report says it
+        click.echo(f"note: other processes kept {busy:.1f} of this machine's {usable_cpus()} usable CPUs busy as the "
+                   "timing began: these figures are noisy; time again on a quiet machine", err=True)
+    names = dict(zip("ABCDEFGH", models))
+    tables = latency_tables(names, batches, thread_list, repeats, warmup, runtime=runtime)
+    how = (f"{runtime}, CPU: ms of a call, the median over {protocol().rounds} interleaved rounds of each round's "
+           f"fastest; a round runs a file up to {protocol().round_s:g} s or {repeats} times, after {warmup} "
+           "warm-up runs")
+    if as_json:
+        click.echo(json.dumps({"runtime": runtime, "protocol": dataclasses.asdict(protocol(repeats, warmup)),
+                               "cpus_busy": busy, "files": [{"label": k, "path": str(p), "cells": tables[k]}
+                                                            for k, p in names.items()]}, indent=2))
+    elif len(names) == 1:
+        _print_one(models[0], tables["A"], how)
+    else:
+        _print_compared(names, tables, how)
+
+
+def _run_files(path):
+    """(the files a run directory's export verdict weighed, (batch sizes, repeats, warm-up) of its config)."""
+    from compress.deploy.evaluate import run_files
+    from compress.errors import CompressError
+    from compress.run.config import load_config
+
+    run, files = run_files(path)
+    _warn_if_unverified(run, *files.values())
+    try:
+        e = load_config(os.path.join(run, "config.yaml")).export
+    except (CompressError, OSError):  # a run directory without a readable config: bench's own defaults
+        return tuple(files.values()), (None, None, None)
+    return tuple(files.values()), (e.latency_batch_sizes, e.latency_repeats, e.latency_warmup)
+
+
+def _print_one(path, cells, how):
+    click.echo(f"{path} ({how})")
     click.echo(f"{'batch':>6} {'threads':>8} {'ms':>10} {'images/s':>12}")
-    for r in rows:
-        click.echo(f"{r['batch']:>6} {r['threads']:>8} {r['ms']:>10.3f} {r['images_per_s']:>12,.0f}")
+    for c in cells:
+        click.echo(f"{c['batch']:>6} {c['threads']:>8} {c['ms']:>10.3f} {c['images_per_s']:>12,.0f}")
 
 
-def _run_pair(path):
-    """(fp32 file, int8 file the verdict weighed) of a run directory (or its export/ folder)."""
-    from compress.deploy.evaluate import export_report
+def _print_compared(names, tables, how):
+    from compress.deploy.latency import speedup_text
 
-    run, report = export_report(path)
-    int8 = (report.get("speed") or {}).get("int8_file", "model.int8.onnx")
-    pair = tuple(os.path.join(run, "export", name) for name in ("model.fp32.onnx", int8))
-    _warn_if_unverified(run, *pair)
-    return pair
-
-
-def _compare(paths, batches, threads, rounds, warmup, runtime):
-    import numpy as np
-
-    from compress.deploy.latency import compare_latency, speedup_text
-    from compress.deploy.onnx_model import OnnxModel
-    from compress.deploy.runtimes import compare_in_openvino, onnxruntime_session
-
-    a, b = (os.path.basename(p) for p in paths)
-    shape = OnnxModel(paths[0], require_metadata=False).input_shape
-    click.echo(f"A = {paths[0]}\nB = {paths[1]}\n({runtime}, CPU, median over {rounds} interleaved rounds)")
-    click.echo(f"{'batch':>6} {'threads':>8} {'A ms':>10} {'B ms':>10}  B vs A")
-    for t in threads or (1, usable_cpus()):
-        files = dict(zip("AB", paths))
-        sessions = {name: onnxruntime_session(p, t) for name, p in files.items()} if runtime == "onnxruntime" else None
-        for n in batches:
-            x = np.random.default_rng(0).standard_normal((n, *shape), dtype=np.float32)
-            times = (compare_latency(sessions, x, rounds=rounds, warmup=warmup) if sessions else
-                     compare_in_openvino(files, x, t, rounds, warmup))
-            ratio = times["A"]["median_ms"] / times["B"]["median_ms"]
-            click.echo(f"{n:>6} {t:>8} {times['A']['median_ms']:>10.3f} {times['B']['median_ms']:>10.3f}  "
-                       f"{b} is {speedup_text(ratio)} than {a}")
+    for label, path in names.items():
+        click.echo(f"{label} = {path}")
+    click.echo(f"({how})")
+    click.echo(f"{'batch':>6} {'threads':>8} " + " ".join(f"{label + ' ms':>10}" for label in names) + "  vs A")
+    for i, first in enumerate(tables["A"]):
+        row = {label: tables[label][i]["ms"] for label in names}
+        against = ", ".join(f"{label} is {speedup_text(row['A'] / ms)}" for label, ms in row.items() if label != "A")
+        click.echo(f"{first['batch']:>6} {first['threads']:>8} " + " ".join(f"{ms:>10.3f}" for ms in row.values())
+                   + f"  {against} than A")

@@ -59,6 +59,35 @@ def show(run_dir):
             click.echo("         " + ", ".join(f"{k} {_short(v)}" for k, v in list(shown.items())[:6]))
         for rel, sha in (entry.get("outputs") or {}).items():
             click.echo(f"         {file_check(run, rel, sha):9} {rel}")
+    _show_results(run, STAGES, states)
+
+
+def _show_results(run, stages, states):
+    """Every artifact's accuracy, size and latency (the report's rows: the student alone and PTQ among them),
+    and the export verdict - or what keeps it from being read."""
+    from compress.deploy import export_report
+    from compress.errors import CompressError
+    from compress.run.report import build_rows, text_table
+
+    rows, notes = build_rows(run, stages)
+    if rows:
+        click.echo("")
+        for line in text_table(rows):
+            click.echo(f"  {line}")
+    for note in notes:
+        if "damaged" in note:
+            click.echo(f"  {note}")
+    state = states.get("export", ("",))[0]
+    if state not in ("complete", "invalidated", "failed"):
+        return
+    try:
+        verdict = export_report.read(run.root, "verdict")
+        export_report.deployment_file(run.root, verdict.file, "verdict.file")
+    except CompressError as error:
+        click.echo(f"deploy: cannot tell - {error}")
+        return
+    said = "deploy" if state == "complete" else f"deploy (the verdict of an export now {state})"
+    click.echo(f"{said} export/{verdict.file}: {verdict.why}")
 
 
 def _short(value):

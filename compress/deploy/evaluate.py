@@ -7,9 +7,9 @@ import os
 
 import numpy as np
 
+from compress.deploy import export_report
 from compress.deploy.folders import class_folders, skipped, split_folders
 from compress.errors import InputError
-from compress.fileio import read_json
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -21,26 +21,39 @@ def run_of(path):
     return path
 
 
-def export_report(path):
-    """(run directory, its export.json) for a run directory or its export/ folder; one clear error otherwise."""
-    run = run_of(path)
-    report = os.path.join(run, "export", "export.json")
-    if not os.path.isfile(report):
-        raise InputError(f"'{path}' is a folder without export/export.json; pass an .onnx file, or a run directory "
-                         "whose export stage ran (compress run --stages export)")
-    return run, read_json(report, "export report")
+def run_files(path):
+    """(run directory, {kind: path}) of a run directory or its export/ folder: the files its export verdict
+    weighed - fp32 first, then the int8 files - each strictly inside the run's export/ folder; one clear error
+    for a folder without an export."""
+    run = _export_run(path)
+    report = export_report.read(run)
+    if report.verdict.candidates:
+        named = {c.kind: (c.file, f"verdict.candidates[{i}].file") for i, c in enumerate(report.verdict.candidates)}
+    else:  # an export from before the verdict weighed every file: the pair it weighed
+        named = {"fp32": (report.files.get("fp32", "model.fp32.onnx"), "files.fp32"),
+                 "int8": (report.speed.int8_file, "speed.int8_file")}
+    return run, {k: export_report.deployment_file(run, name, key) for k, (name, key) in named.items()}
 
 
 def deployed_file(path):
     """(ONNX file, note): `path` itself, or for a run directory (or its export/ folder) the file its export
-    stage recommends."""
+    stage recommends - strictly inside the run's export/ folder."""
     if not os.path.exists(path) and not str(path).lower().endswith(".onnx"):  # an .onnx file: "ONNX file not found"
         raise InputError(f"'{path}' does not exist; pass an .onnx file, or a run directory whose export stage ran")
     if not os.path.isdir(path):
         return path, ""
-    run, report = export_report(path)
-    verdict = report.get("verdict") or {"file": "model.int8.onnx", "why": ""}
-    return os.path.join(run, "export", verdict["file"]), f"{verdict['file']}, as export recommends: {verdict['why']}"
+    run = _export_run(path)
+    verdict = export_report.read(run, "verdict")
+    file = export_report.deployment_file(run, verdict.file, "verdict.file")
+    return file, f"{verdict.file}, as export recommends: {verdict.why}"
+
+
+def _export_run(path):
+    run = run_of(path)
+    if not os.path.isfile(export_report.report_path(run)):
+        raise InputError(f"'{path}' is a folder without export/export.json; pass an .onnx file, or a run directory "
+                         "whose export stage ran (compress run --stages export)")
+    return run
 
 
 def image_paths(arguments):

@@ -1,52 +1,77 @@
-"""Timing ONNX files with onnxruntime: a latency table per batch size and thread count, and side-by-side
-comparisons measured interleaved (a busy neighbour slows every model alike)."""
+"""Latency tables: every file timed in every cell (batch size x thread count) by the one protocol of
+compress.deploy.timing, in any registered runtime, on one kind of input - random 8-bit pixels normalised as the
+file's own metadata says, which any deployment can make from the file alone. The report's table, the export
+verdict (it reads the table's largest-batch, all-core cell) and `compress bench` all come from here, so a file
+timed by any of them is timed the same way."""
 
 import numpy as np
 
 from compress.cpus import usable_cpus
-from compress.deploy.onnx_model import OnnxModel
-from compress.deploy.timing import compare_latency, median_ms, speedup_text
+from compress.deploy.onnx_model import metadata_of, read_onnx
+from compress.deploy.runtimes import FIRST, RUNTIMES
+from compress.deploy.timing import LONGER_ROUNDS, ROUNDS, Protocol, compare_latency, median_ms, speedup_text
 
-__all__ = ["compare_latency", "latency_table", "latency_tables", "median_ms", "speedup_text"]
-
-
-TABLE_ROUND_S = 0.05  # seconds a file runs in each of a table cell's 5 interleaved rounds (at most `repeats` runs)
+__all__ = ["compare_latency", "latency_table", "latency_tables", "median_ms", "speedup_text", "timing_input"]
 
 
-def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime="onnxruntime"):
-    """[{batch, threads, ms, images_per_s}] for each batch size x thread count in `runtime`; `stop()` is called
-    between cells (it raises to abandon the measurement)."""
-    if runtime == "openvino":  # in a child process of its own (compress.deploy.openvino_child)
-        from compress.deploy.openvino_child import request
-
-        if stop:
-            stop()
-        return request({"do": "table", "path": str(path), "batch_sizes": list(batch_sizes),
-                        "threads": list(threads or (1, usable_cpus())), "repeats": repeats, "warmup": warmup})
-    return latency_tables({"file": path}, batch_sizes, threads, repeats, warmup, stop)["file"]
+def default_threads():
+    """One thread and every usable core: a deployment's two ends."""
+    return sorted({1, usable_cpus()})
 
 
-def latency_tables(paths, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime="onnxruntime"):
-    """{name: latency_table rows} for several files {name: path}. In onnxruntime the files take turns in each
-    cell (5 interleaved rounds of up to TABLE_ROUND_S seconds and `repeats` runs each; the median), so a busy
-    machine slows them alike and the table's ratios hold (timed one after the other, the same PTQ and QAT files
-    read 2.09 and 4.99 ms on a loaded machine); OpenVINO times each file in a child process of its own, one after
-    the other."""
-    if runtime != "onnxruntime":
-        return {k: latency_table(p, batch_sizes, threads, repeats, warmup, stop, runtime) for k, p in paths.items()}
-    threads = list(threads or (1, usable_cpus()))
-    shape = OnnxModel(next(iter(paths.values())), require_metadata=False).input_shape
-    tables = {k: [] for k in paths}
-    for t in threads:
-        models = {k: OnnxModel(p, threads=t, require_metadata=False) for k, p in paths.items()}
-        for b in batch_sizes:
-            if stop:
-                stop()
-            x = np.random.default_rng(0).standard_normal((b, *shape), dtype=np.float32)
-            cell = ({k: median_ms(m, x, repeats, warmup) for k, m in models.items()} if len(models) == 1 else
-                    {k: t["median_ms"] for k, t in compare_latency(models, x, rounds=5, budget_s=TABLE_ROUND_S,
-                                                                   warmup=warmup, stop=stop, most=repeats).items()})
-            for k, ms in cell.items():
-                tables[k].append({"batch": b, "threads": t, "ms": round(ms, 4),
-                                  "images_per_s": round(b * 1000.0 / ms, 1)})
+def protocol(repeats=30, warmup=5, rounds=ROUNDS):
+    """The protocol with export.latency_repeats / `bench --repeats` as the most runs of a file a round."""
+    return Protocol(rounds=rounds, most=repeats, warmup=warmup)
+
+
+def timing_input(path, batch, seed=0):
+    """`batch` inputs for the ONNX file at `path`: uniformly random 8-bit pixels in its input shape, scaled and
+    normalised by its compress.mean/std (a file without them: pixels scaled to 0..1). Seeded: every timing of
+    the file sees the same numbers."""
+    proto = read_onnx(path)
+    meta = metadata_of(proto)
+    shape = meta.get("input_shape")
+    if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(v, int) and v > 0 for v in shape)):
+        shape = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim[1:]]
+    pixels = np.random.default_rng(seed).integers(0, 256, (batch, *shape)).astype(np.float32) / 255.0
+    mean, std = meta.get("mean"), meta.get("std")
+    if isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == shape[0] and min(std) > 0:
+        view = (1, shape[0]) + (1,) * (len(shape) - 1)
+        pixels = (pixels - np.array(mean, np.float32).reshape(view)) / np.array(std, np.float32).reshape(view)
+    return pixels
+
+
+def latency_tables(paths, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime=FIRST,
+                   rounds=ROUNDS):
+    """{name: [cell, ...]} for files {name: path} in `runtime`: each thread count x batch size a cell, every file
+    timed in it in turns (interleaved rounds, the median of the timed calls: a busy machine slows them alike),
+    all on the first file's timing_input; `stop()` is called between cells and rounds (it raises to abandon)."""
+    x = timing_input(next(iter(paths.values())), max(batch_sizes))
+    return RUNTIMES[runtime].measure(paths, x, batch_sizes, threads or default_threads(),
+                                     protocol(repeats, warmup, rounds), stop)
+
+
+def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime=FIRST):
+    """latency_tables for one file: its cells."""
+    return latency_tables({"file": path}, batch_sizes, threads, repeats, warmup, stop, runtime)["file"]
+
+
+def deciding_cell(cells):
+    """(batch, threads) of the cell a verdict weighs: the largest batch on the most threads measured."""
+    threads = max(c["threads"] for c in cells)
+    return max(c["batch"] for c in cells if c["threads"] == threads), threads
+
+
+def cell_ms(cells, batch, threads):
+    """The milliseconds of the cell (batch, threads) in `cells`, or None where there is none."""
+    return next((c["ms"] for c in cells if (c["batch"], c["threads"]) == (batch, threads)), None)
+
+
+def remeasure(tables, paths, batch, threads, repeats=30, warmup=5, stop=None, runtime=FIRST):
+    """The cell (batch, threads) of each of `paths` measured once more, LONGER_ROUNDS rounds, and put in
+    `tables` in place of the first measurement (the longer one is the better estimate), so the table keeps
+    showing the figures a verdict read."""
+    again = latency_tables(paths, [batch], [threads], repeats, warmup, stop, runtime, rounds=LONGER_ROUNDS)
+    for name, (new,) in again.items():
+        tables[name] = [new if (c["batch"], c["threads"]) == (batch, threads) else c for c in tables[name]]
     return tables

@@ -1,12 +1,10 @@
 """OpenVINO runs in a process of its own. Loaded into one process beside PyTorch and onnxruntime, their native
 libraries corrupted memory on this project's machines (a segmentation fault minutes later, in unrelated Python
 code), so compress never imports openvino itself: it starts `python -m compress.deploy.openvino_child`, sends a
-JSON request on stdin and reads a JSON answer on stdout. The child imports numpy, onnx and openvino only.
+JSON request on stdin and reads a JSON answer on stdout. The child imports numpy and openvino only.
 
-    {"do": "table", "path": ..., "batch_sizes": [...], "threads": [...], "repeats": n, "warmup": n}
-        -> [{"batch", "threads", "ms", "images_per_s"}, ...]
-    {"do": "compare", "paths": {name: path}, "images": npy file, "threads": n, "rounds": n, "warmup": n}
-        -> {name: {"min_ms", "median_ms", "runs"}}
+    {"do": "measure", "paths": {name: path}, "inputs": npy file, "batch_sizes": [...], "threads": [...],
+     "protocol": {...}}  -> {name: [latency cell, ...]}: compress.deploy.timing.measure_cells, as in onnxruntime
     {"do": "check", "path": ...}  -> {"ok": true} or {"error": "..."}
 """
 
@@ -40,16 +38,6 @@ def request(payload, timeout=3600):
     return answer["result"]
 
 
-def _input_shape(path):
-    import onnx
-
-    meta = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
-    if "compress.input_shape" in meta:
-        return tuple(json.loads(meta["compress.input_shape"]))
-    dims = onnx.load(path).graph.input[0].type.tensor_type.shape.dim[1:]
-    return tuple(d.dim_value for d in dims)
-
-
 def _session(path, threads):
     import openvino as ov
 
@@ -61,23 +49,13 @@ def _session(path, threads):
 
 
 def _serve(req):
-    from compress.deploy.timing import compare_latency, median_ms
+    from compress.deploy.timing import Protocol, measure_cells
 
     if req["do"] == "check":
         _session(req["path"], 1)
         return {"ok": True}
-    if req["do"] == "table":
-        shape, rows = _input_shape(req["path"]), []
-        for t in req["threads"]:
-            model = _session(req["path"], t)
-            for b in req["batch_sizes"]:
-                x = np.random.default_rng(0).standard_normal((b, *shape), dtype=np.float32)
-                ms = median_ms(model, x, req["repeats"], req["warmup"])
-                rows.append({"batch": b, "threads": t, "ms": round(ms, 4), "images_per_s": round(b * 1000.0 / ms, 1)})
-        return rows
-    x = np.load(req["images"], allow_pickle=False)
-    models = {name: _session(path, req["threads"]) for name, path in req["paths"].items()}
-    return compare_latency(models, x, rounds=req["rounds"], warmup=req.get("warmup", 2))
+    x = np.load(req["inputs"], allow_pickle=False)
+    return measure_cells(_session, req["paths"], x, req["batch_sizes"], req["threads"], Protocol(**req["protocol"]))
 
 
 def main():

@@ -1,18 +1,40 @@
-"""Is the ONNX file what PyTorch computed, does it run int8 kernels, and is it faster: parity on the
-validation set (max |logit difference|, scaled to the logits above 1, top-1 agreement, near-ties counted for
-int8), the kernels onnxruntime runs after its QDQ fusions, and the int8-vs-fp32 speed gate measured interleaved
-on real images."""
+"""Is the ONNX file what PyTorch computed, and does it run int8 kernels: parity on the validation set (max |logit
+difference|, scaled to the logits above 1, top-1 agreement, near-ties counted for int8), the kernels onnxruntime
+runs after its QDQ fusions, and each file's correctness image by image, paired between files (exact McNemar) for
+the verdict (compress.quant.verdict)."""
 
+import dataclasses
 import math
 
 import numpy as np
 import torch
 
-from compress.cpus import usable_cpus
-from compress.deploy.latency import compare_latency, speedup_text
-from compress.deploy.onnx_model import read_onnx
-from compress.deploy.runtimes import compare_in_openvino, onnxruntime_session
-from compress.training.paired import p_text
+from compress.deploy.export_report import Check, Paired, Parity, PostTraining
+from compress.deploy.onnx_model import INT8_KERNELS, OnnxModel, optimized_op_types, read_onnx
+from compress.training.paired import paired
+
+
+def measure_accuracy(float_model, int8_model, paths, loader):
+    """The fp32 and QAT int8 files against their PyTorch models on the validation set, the int8 kernels
+    onnxruntime runs, the PTQ file's accuracy (it has no PyTorch counterpart), and each pair of files image by
+    image: the ExportReport fields fp32, int8, int8_kernels, int8_optimized_ops, ptq and pairs."""
+    fp32 = compare(float_model, OnnxModel(paths["fp32"]), loader)
+    # Two int8 implementations round differently, and the differences add up through a deep network: a pick
+    # within two steps of the int8 logits' resolution from torch's best is a tie, not a disagreement
+    step = output_step(paths["int8"])
+    int8 = compare(int8_model, OnnxModel(paths["int8"]), loader, tie=None if step is None else 2 * step)
+    right = {"fp32": fp32.pop("correct"), "int8": int8.pop("correct")}
+    ops = optimized_op_types(paths["int8"])
+    out = {"fp32": Parity(**fp32), "int8": Parity(**int8), "int8_optimized_ops": ops,
+           "int8_kernels": {op: n for op, n in ops.items() if op in INT8_KERNELS}, "ptq": None}
+    if "ptq" in paths:
+        right["ptq"] = onnx_correct(OnnxModel(paths["ptq"]), loader)
+        out["ptq"] = PostTraining(
+            onnx_acc=100.0 * float(right["ptq"].mean()) if len(right["ptq"]) else 0.0,
+            vs_qat=Paired(**paired(right["int8"], right["ptq"])),  # only_first: QAT alone right; only_second: PTQ
+            int8_kernels={op: n for op, n in optimized_op_types(paths["ptq"]).items() if op in INT8_KERNELS})
+    out["pairs"] = {f"fp32_vs_{kind}": Paired(**paired(right["fp32"], right[kind])) for kind in right if kind != "fp32"}
+    return out
 
 
 def onnx_correct(onnx_model, loader):
@@ -63,8 +85,10 @@ def output_step(path):
     return float(scale) if scale.size == 1 else None
 
 
-def checks(report, e):
-    fp32, int8 = report["fp32"], report["int8"]
+def checks(fp32, int8, int8_kernels, e):
+    """The stage's three checks ({name: Check}): fp32 parity, int8 parity and int8 kernels, each with its figures
+    against the limits and, failed, what to change."""
+    fp32, int8 = dataclasses.asdict(fp32), dataclasses.asdict(int8)
     out = {
         "fp32_parity": {"ok": (fp32["max_scaled_diff"] <= e.fp32_max_abs_diff
                                and fp32["top1_agreement"] >= e.fp32_min_agreement),
@@ -77,8 +101,8 @@ def checks(report, e):
                                   f"within {int8['tie']:.3g} (2 steps of 8-bit logits) of torch's best as ties, exact "
                                   f"{int8['top1_agreement']:.4f} (min {e.int8_min_agreement}), "
                                   f"max |diff| {int8['max_abs_diff']:.3f}"},
-        "int8_kernels": {"ok": bool(report["int8_kernels"]),
-                         "detail": "onnxruntime runs " + (", ".join(report["int8_kernels"]) or
+        "int8_kernels": {"ok": bool(int8_kernels),
+                         "detail": "onnxruntime runs " + (", ".join(int8_kernels) or
                                                           "no int8 kernels after optimisation: the model has no layer "
                                                           "onnxruntime runs in int8 - check qat.float_layers")},
     }
@@ -91,83 +115,10 @@ def checks(report, e):
     if not out["int8_parity"]["ok"]:
         out["int8_parity"]["detail"] += (f"; accept it with --set export.int8_min_agreement="
                                          f"{math.floor(int8['top1_within_tie'] * 100) / 100:g}")
-    return out
+    return {name: Check(**c) for name, c in out.items()}
 
 
 def _above(value):
     """A round number above `value` (a tolerance to suggest)."""
     exponent = math.floor(math.log10(value)) if value > 0 else -6
     return f"{math.ceil(value / 10 ** exponent) * 10 ** exponent:g}"
-
-
-def int8_choice(report):
-    """Which int8 file the verdict weighs against fp32: the QAT file ("int8"), unless onnxruntime's post-training
-    quantization of the same float model ("ptq") gets more validation images right beyond noise (the exact
-    McNemar test of `paired`, p < 0.05) and runs int8 kernels - then QAT cost accuracy, and the PTQ file is the
-    better int8 model."""
-    ptq = report.get("ptq") or {}
-    pair = ptq.get("vs_qat")
-    if pair and ptq.get("int8_kernels") and pair["p"] < 0.05 and pair["only_second"] > pair["only_first"]:
-        return "ptq"
-    return "int8"
-
-
-def verdict(speed, sizes, accuracy, float_layers, e, int8_file="model.int8.onnx", ptq=None):
-    """Which file to deploy and why, in one sentence with the figures: the int8 file when it is at least
-    export.min_int8_speedup times faster than fp32 in the deciding runtime, else fp32 (with what int8 still
-    offers: its size). `speed` is speed_gate's result for `int8_file`, `sizes` and `accuracy` map "fp32"/"int8"
-    to bytes and % (the int8 entries: `int8_file`'s). `ptq`: when `int8_file` is the post-training quantized one,
-    `paired`'s result of QAT against it - the reason it replaced the QAT file."""
-    ratio, rt = speed["speedup"], speed["runtime"]
-    timing = (f"batch {speed['batch']}, {speed['threads']} threads in {rt}: int8 {speed['int8_ms']:.2f} ms vs fp32 "
-              f"{speed['fp32_ms']:.2f} ms")
-    smaller = sizes["fp32"] / sizes["int8"]
-    accuracies = f"validation accuracy int8 {accuracy['int8']:.2f}% vs fp32 {accuracy['fp32']:.2f}%"
-    which_int8 = ""
-    if ptq:
-        which_int8 = (f"the int8 file is the post-training quantized one: it gets {ptq['only_second']} validation "
-                      f"images right that the QAT file gets wrong, and {ptq['only_first']} the other way round "
-                      f"(McNemar p {p_text(ptq['p'])}), so QAT cost accuracy here; ")
-    if ratio >= e.min_int8_speedup:
-        why = (f"{which_int8}int8 is {speedup_text(ratio)} than fp32 ({timing}) and {smaller:.1f}x smaller; "
-               f"{accuracies}")
-        return {"deploy": "int8", "file": int8_file, "runtime": rt, "int8_faster": True, "why": why}
-    kept = f" even with {', '.join(float_layers)} kept in float" if float_layers else ""
-    which = "the faster one" if ratio < 1 else "the one"
-    advice = ("To make int8 pay: keep more layers in float (qat.float_layers), or choose a student with more "
-              "channels per layer" if ratio < 1 else
-              f"int8 is faster, by less than the {e.min_int8_speedup:g}x export.min_int8_speedup asks: lower it to "
-              "deploy the int8 file")
-    why = (f"{which_int8}int8 is {speedup_text(ratio)} than fp32{kept} ({timing}; needed {e.min_int8_speedup:g}x), "
-           f"so the fp32 file is {which} to deploy; the int8 file is still {smaller:.1f}x smaller, if size matters "
-           f"more than speed; {accuracies}. {advice}")
-    return {"deploy": "fp32", "file": "model.fp32.onnx", "runtime": rt, "int8_faster": False, "why": why}
-
-
-def speed_gate(paths, images, e, stop=None, runtime="onnxruntime"):
-    """int8 vs fp32 at the largest latency batch on all cores, on real validation images, interleaved in
-    rounds, in `runtime`; the ratio of the two minima (the estimate least disturbed by other processes). A
-    ratio below export.min_int8_speedup is measured once more, longer, before it decides the verdict."""
-    batch, threads = len(images), usable_cpus()
-    x = images.numpy()
-    pair = {k: paths[k] for k in ("fp32", "int8")}
-    models = {k: onnxruntime_session(p, threads) for k, p in pair.items()} if runtime == "onnxruntime" else None
-    attempts = []
-    for rounds in (5, 11):
-        if models is None:  # OpenVINO, in a child process of its own
-            if stop:
-                stop()
-            times = compare_in_openvino(pair, x, threads, rounds)
-        else:
-            times = compare_latency(models, x, rounds=rounds, stop=stop)
-        attempts.append({"rounds": rounds, "fp32_ms": round(times["fp32"]["min_ms"], 4),
-                         "int8_ms": round(times["int8"]["min_ms"], 4),
-                         "fp32_median_ms": round(times["fp32"]["median_ms"], 4),
-                         "int8_median_ms": round(times["int8"]["median_ms"], 4)})
-        if attempts[-1]["fp32_ms"] / attempts[-1]["int8_ms"] >= e.min_int8_speedup:
-            break
-    best = max(attempts, key=lambda a: a["fp32_ms"] / a["int8_ms"])
-    speedup = best["fp32_ms"] / best["int8_ms"]
-    return {"runtime": runtime, "batch": batch, "threads": threads, "speedup": round(speedup, 4),
-            "min_speedup": e.min_int8_speedup,
-            "fp32_ms": best["fp32_ms"], "int8_ms": best["int8_ms"], "attempts": attempts}

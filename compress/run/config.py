@@ -21,6 +21,8 @@ from typing import Literal, Optional
 import yaml
 
 from compress.data.registry import DATASETS
+from compress.deploy.runtimes import RUNTIMES
+from compress.deploy.runtimes import config_help as runtimes_help
 from compress.distill.logit_losses import LOGIT_LOSSES
 from compress.errors import ConfigError, InputError
 from compress.run import schema
@@ -419,14 +421,12 @@ class ExportConfig:
                                     "(a pick within 2 steps of the logits' 8-bit resolution counts as a tie)")
     latency_batch_sizes: tuple[int, ...] = _f((1, 64), "batch sizes for the latency table")
     latency_repeats: int = _f(30, "most timed runs of a file in each of a latency cell's 5 interleaved rounds (each "
-                                  "round at most 0.05 s a file; the median reported)")
+                                  "round at most 0.05 s a file; reported: the median of the rounds' fastest runs)")
     latency_warmup: int = _f(5, "untimed runs before timing")
-    runtimes: Optional[tuple[Literal["onnxruntime", "openvino"], ...]] = _f(
-        None, "runtimes the files are timed in: null = onnxruntime, plus OpenVINO when it is installed "
-              "(pip install -e \".[openvino]\"); the first one decides which file to deploy")
+    runtimes: Optional[tuple[Literal[tuple(RUNTIMES)], ...]] = _f(None, runtimes_help())
     min_int8_speedup: float = _f(1.0, "the int8 file is the one to deploy when it is at least this much faster than "
-                                      "fp32 in the first runtime (largest latency batch, all cores, interleaved rounds "
-                                      "on validation images); else the fp32 file is, and the report says why")
+                                      "fp32 in the first runtime (the latency table's cell of the largest batch on "
+                                      "all cores); else the fp32 file is, and the report says why")
     require_faster_int8: bool = _f(False, "fail the stage (exit 1, every file kept) instead of recommending the fp32 "
                                           "file when int8 is not min_int8_speedup times faster")
     ptq: bool = _f(True, "also quantize the float model with onnxruntime's post-training static quantization "

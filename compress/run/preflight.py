@@ -55,12 +55,11 @@ def problems(cfg, stage_names, world_size, run_root=None):
         if problem:
             found.append(problem)
     if "export" in stage_names:
-        from compress.deploy.runtimes import installed
+        from compress.deploy.runtimes import missing
 
         for runtime in cfg.export.runtimes or ():
-            if not installed(runtime):
-                found.append(f"export.runtimes: {runtime} is not installed; pip install {runtime} (or pip install -e "
-                             f"\".[{runtime}]\"), or leave it out of export.runtimes")
+            if missing(runtime):
+                found.append(f"export.runtimes: {missing(runtime)}, or leave {runtime} out of export.runtimes")
     for stage in stage_names:
         if stage in TRAINING_STAGES and not (stage == "teacher" and cfg.teacher.epochs == 0):
             batch = getattr(cfg, stage).batch_size

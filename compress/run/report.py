@@ -46,7 +46,10 @@ def build_rows(run, stages):
             continue
         try:
             produced = spec.report_rows(entry, lambda output, spec=spec: run.path(spec.OUTPUTS[output]))
-        except (CompressError, KeyError, TypeError, ValueError, IndexError) as e:  # a damaged file: say so, go on
+        except CompressError as e:  # a damaged file, in a sentence that names it and what to do: go on
+            notes.append(f"{name}: no rows - its files are damaged: {e}")
+            continue
+        except (KeyError, TypeError, ValueError, IndexError) as e:
             notes.append(f"{name}: no rows - its files are damaged ({e.__class__.__name__}: {str(e)[:120]}); "
                          f"rerun it with --stages {name} --force")
             continue
@@ -61,11 +64,20 @@ def build_rows(run, stages):
         for row in produced:
             if "artifact" not in row:  # a figure for another stage's row, measured from that stage's file
                 if row["id"] in rows and _still_current(row.pop("measured_from"), entry, manifest, states):
-                    rows[row["id"]].update({k: v for k, v in row.items() if k != "id"})
+                    target, measured_on = rows[row["id"]], row.pop("latency_of", None)
+                    target.update({k: v for k, v in row.items() if k != "id"})
+                    if measured_on:  # its accuracy and its latency were measured on different files: say so
+                        target["artifact"] = _with_note(target["artifact"], f"latency: {measured_on}")
                 continue
-            rows[row["id"]] = {**dict.fromkeys(COLUMNS), **row, "stage": name,
-                               "current": state == "complete" and row.get("file") not in changed}
+            current = state == "complete" and row.get("file") not in changed
+            rows[row["id"]] = {**dict.fromkeys(COLUMNS), **row, "stage": name, "current": current,
+                               "ship": bool(row.get("ship")) and current}  # a stale verdict recommends nothing
     return [r for r in rows.values() if "artifact" in r and r["artifact"]], notes
+
+
+def _with_note(artifact, note):
+    """'teacher (PyTorch fp32)' + note -> 'teacher (PyTorch fp32; note)'."""
+    return f"{artifact[:-1]}; {note})" if artifact.endswith(")") else f"{artifact} ({note})"
 
 
 def _still_current(rel, entry, manifest, states):
@@ -78,11 +90,23 @@ def _still_current(rel, entry, manifest, states):
 def markdown_table(rows):
     lines = ["| artifact | params | size | val acc | latency b1 | latency b64 |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        name = r["artifact"] + ("" if r.get("current", True) else " *(stale)*")
+        name = r["artifact"] + ("" if r.get("current", True) else " *(stale)*") + (" **- deploy**" if r.get("ship")
+                                                                                    else "")
         lines.append(f"| {name} | {_fmt_int(r['params'])} | {_fmt_size(r['size_bytes'])} | "
                      f"{_fmt(r['val_acc'], '{:.2f}%')} | {_fmt(r['latency_b1_ms'], '{:.3f} ms')} | "
                      f"{_fmt(r['latency_b64_ms'], '{:.2f} ms')} |")
     return "\n".join(lines)
+
+
+def text_table(rows):
+    """The rows as aligned text lines for a terminal (`compress show`): artifact, accuracy, size, latencies."""
+    width = max([len(r["artifact"]) + (9 if r.get("ship") else 0) for r in rows] + [8])
+    lines = [f"{'artifact':{width}}  {'val acc':>8} {'size':>9} {'b1':>10} {'b64':>10}"]
+    for r in rows:
+        name = r["artifact"] + (" - deploy" if r.get("ship") else "") + ("" if r.get("current", True) else " (stale)")
+        lines.append(f"{name:{width}}  {_fmt(r['val_acc'], '{:.2f}%'):>8} {_fmt_size(r['size_bytes']):>9} "
+                     f"{_fmt(r['latency_b1_ms'], '{:.3f} ms'):>10} {_fmt(r['latency_b64_ms'], '{:.2f} ms'):>10}")
+    return lines
 
 
 def _fmt(value, pattern):
@@ -99,10 +123,10 @@ def _fmt_size(value):
     return f"{value / 1e6:.2f} MB" if value >= 1e6 else f"{value / 1e3:.0f} KB"
 
 
-LATENCY_CAPTION = ("Latency: median ms per batch on the most threads measured; in onnxruntime the ONNX files take "
-                   "turns, round by round, so a busy machine slows them alike (the teacher is timed on its own). "
-                   "The deploy verdict below times fp32 and the int8 file it weighs once more and takes each one's "
-                   "fastest run, so its figures can differ a little from the table's medians.")
+LATENCY_CAPTION = ("Latency: ms of a call per batch on the most threads measured - the files take turns in 5 "
+                   "interleaved rounds, so a busy machine slows them alike, and each round's fastest call counts, the "
+                   "median over the rounds (the teacher, its fp32 ONNX export, is timed the same way on its own); "
+                   "`compress bench <run directory>` times the files this way too.")
 
 
 def write_report(run, stages):
@@ -120,16 +144,27 @@ def write_report(run, stages):
 
 
 def plot(rows, path):
-    """Accuracy against size and against batch-64 latency (headless matplotlib). Every artifact has its own
-    marker and colour, named in one legend below the plots (labels beside points overlapped whenever two
-    points were close); the teacher's latency is that of its fp32 ONNX export, and says so."""
+    """Accuracy against size and against batch-64 latency, as a PNG (headless matplotlib)."""
     import io
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    fig = figure(rows)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def figure(rows):
+    """The report's figure: accuracy against file size and against batch-64 latency, both on log axes with a
+    labelled tick every 1-2-5 step (finer over a narrow range). Every artifact has its own marker and colour,
+    named in one legend below the plots (labels beside points overlapped whenever two points were close); the
+    file to deploy is ringed and named so; the teacher's latency is that of its fp32 ONNX export, and says so."""
+    import matplotlib.pyplot as plt
 
     markers = "osD^vP*Xhp<>"
     rows = [r for r in rows if r["val_acc"] is not None and (r["size_bytes"] is not None or  # drawn in a plot:
@@ -146,15 +181,17 @@ def plot(rows, path):
             color, marker = style[r["artifact"]]
             ax.scatter(x, r["val_acc"], s=60, color=color, marker=marker, zorder=3, alpha=0.85,
                        edgecolors="black" if r.get("current", True) else "none")
+            if r.get("ship"):
+                ax.scatter(x, r["val_acc"], s=420, facecolors="none", edgecolors="crimson", linewidths=2, zorder=4)
+                ax.annotate("deploy", (x, r["val_acc"]), textcoords="offset points", xytext=(0, 14), ha="center",
+                            color="crimson", fontsize=9, fontweight="bold")
             xs.append(x)
             ys.append(r["val_acc"])
         if xs:
             ax.set_xscale("log")
-            ax.set_xlim(min(xs) / 1.6, max(xs) * 1.6)
+            _log_ticks(ax.xaxis, min(xs) / 1.6, max(xs) * 1.6)
             spread = max(max(ys) - min(ys), 0.5)
-            ax.set_ylim(min(ys) - spread * 0.2, max(ys) + spread * 0.2)
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_ylim(min(ys) - spread * 0.2, max(ys) + spread * 0.3)
         ax.set_xlabel(label)
         ax.set_ylabel("validation accuracy (%)")
         ax.grid(True, alpha=0.3, which="both")
@@ -162,10 +199,25 @@ def plot(rows, path):
     axes[1].set_title("accuracy vs latency (the teacher: its fp32 ONNX export)")
     handles = [plt.Line2D([], [], linestyle="", marker=m, color=c, markersize=8, markeredgecolor="black")
                for c, m in style.values()]
-    names = [name + ("" if r.get("current", True) else " (stale)") for name, r in zip(style, rows)]
+    names = [name + ("" if r.get("current", True) else " (stale)") + (" - the file to deploy" if r.get("ship") else "")
+             for name, r in zip(style, rows)]
     fig.legend(handles, names, loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.08 + 0.025 * ((len(names) + 1) // 2), 1, 1))
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    return fig
+
+
+def _log_ticks(axis, low, high):
+    """Set a log axis to [low, high] with labelled ticks at 1-2-5 steps over a wide range, more over a narrow
+    one (matplotlib's default labels the powers of ten only: one label, or none, over a 10x range)."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    decades = math.log10(high / low)
+    subs = (1.0, 2.0, 5.0) if decades > 1.5 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if decades > 0.6 else \
+        tuple(float(i) for i in range(1, 10))
+    (axis.axes.set_xlim if axis.axis_name == "x" else axis.axes.set_ylim)(low, high)
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"))
+    axis.set_minor_locator(LogLocator(base=10, subs=tuple(float(i) for i in range(1, 10))))
+    axis.set_minor_formatter(NullFormatter())
