@@ -173,12 +173,13 @@ def choose_float_layers(ctx, float_model, data):
         timer.close()
     figures = {"mode": "latency-aware (batch %d, %d threads)" % (batch, usable_cpus()), "runtime": "onnxruntime",
                **figures}
-    tried = "; ".join(f"{t['float']} float {t['with_float_ms']:.2f} ms vs int8 {t['int8_ms']:.2f} ms"
-                      for t in figures["tried"])
+    tried = "; ".join(f"{t['float']} float {t['with_float_ms']:.2f} ms vs int8 {t['int8_ms']:.2f} ms "
+                      f"({'kept float' if t['kept_float'] else 'stays int8'})" for t in figures["tried"])
     slower = figures["chosen_ms"] > figures["fp32_ms"] and not layers
-    log.info("qat: with every layer int8 the student is %s in onnxruntime; kept float: %s (%s)%s; a choice made "
-             "from timings, which a busy machine can change: --set 'qat.float_layers=[%s]' fixes it", _ratio(
-                 figures["fp32_ms"], figures["all_int8_ms"]), ", ".join(layers) or "none", tried,
+    log.info("qat: with every layer int8 the student is %s in onnxruntime; kept float: %s - a layer stays float only "
+             "where that makes the student at least 5%% faster, so one a little faster in float stays int8 (%s)%s; a "
+             "choice made from timings, which a busy machine can change: --set 'qat.float_layers=[%s]' fixes it",
+             _ratio(figures["fp32_ms"], figures["all_int8_ms"]), ", ".join(layers) or "none", tried,
              "; no group of layers kept in float paid 5%, and int8 stays slower than fp32: export will measure the "
              "files again and recommend fp32 if it still is" if slower else "", ",".join(layers))
     return layers, figures

@@ -77,7 +77,8 @@ def test_each_logit_loss_gets_its_papers_weights_unless_the_config_sets_them():
     d = load_config(None).distill
     assert (d.kd.method, d.resolved_ce_weight, d.kd.resolved_weight, d.kd.resolved_temperature) == (
         "standardized", 0.1, 9.0, 2.0)
-    expected = {"hinton": (0.1, 0.9, 4.0), "dkd": (1.0, 1.0, 4.0), "dist": (1.0, 1.0, 4.0)}
+    # DIST: KD 2, as its official code's CIFAR configs
+    expected = {"hinton": (0.1, 0.9, 4.0), "dkd": (1.0, 1.0, 4.0), "dist": (1.0, 2.0, 4.0)}
     for method, weights in expected.items():
         d = load_config(None, [f"distill.kd.method={method}"]).distill
         assert (d.resolved_ce_weight, d.kd.resolved_weight, d.kd.resolved_temperature) == weights, method

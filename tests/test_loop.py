@@ -244,3 +244,113 @@ def test_an_epoch_resumed_after_its_last_step_reports_no_speed_but_keeps_its_los
     assert _carried_images(Session(resume=point), 1) == 48.0
     assert _carried_images(Session(resume=point), 2) == 0.0  # a later epoch starts from nothing
     assert _carried_images(Session(resume=ResumePoint(1, 0, [], None)), 1) == 0.0
+
+
+def one_step(model, loss_fn, clip=None, lr=1.0):
+    """One plain-SGD step of `loss_fn` through the loop; returns how far the weights moved (L2)."""
+    before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    b = tiny_data().batch(range(16))
+    train_one_epoch(model, loss_fn, torch.optim.SGD(model.parameters(), lr=lr), [b],
+                    Schedule("constant", lr, 1, 1), 0, Session(clip_grad_norm=clip))
+    return float((torch.cat([p.detach().flatten() for p in model.parameters()]) - before).norm())
+
+
+def test_train_clip_grad_norm_bounds_every_update_and_is_off_by_default():
+    """train.clip_grad_norm: a step's gradients (here 1e6 times cross-entropy's) are scaled down to the norm, so an
+    SGD step of lr 1 moves the weights by at most that; unset, the step is the full one."""
+    model = tiny_model()
+    huge = lambda batch, step: (1e6 * F.cross_entropy(model(batch.x), batch.y), {})  # noqa: E731
+    assert one_step(model, huge, clip=0.5) == pytest.approx(0.5, rel=1e-4)
+    model = tiny_model()
+    huge = lambda batch, step: (1e6 * F.cross_entropy(model(batch.x), batch.y), {})  # noqa: E731
+    assert one_step(model, huge) > 1e3
+    assert load_config(None).train.clip_grad_norm is None
+    assert load_config(None, ["train.clip_grad_norm=2.5"]).train.clip_grad_norm == 2.5
+
+
+def test_train_clip_grad_norm_never_reruns_a_finished_stage(finished_run, tmp_path):
+    """It is in `train` (how to run): a finished run is up to date under any value of it."""
+    import shutil
+
+    from conftest import invoke
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    result = invoke("run", "--run-dir", run, "--dry-run", "--set", "train.clip_grad_norm=1.0")
+    assert result.exit_code == 0, result.output
+    assert [line.split()[1] for line in result.output.splitlines() if line.split()[:1] and line.split()[0] in (
+        "teacher", "distill", "qat", "export")] == ["skip"] * 4
+
+
+def test_a_nan_from_degenerate_inputs_names_the_normalisation_not_the_learning_rate():
+    """Was: images normalised by a std of almost nothing (data.std tiny, or computed on images without spread)
+    gave a NaN loss and the advice 'lower teacher.lr', which no learning rate mends."""
+    from compress.errors import StageFailed
+
+    model = tiny_model()
+    b = tiny_data().batch(range(16))
+    b = b._replace(x=b.x * 1e30)  # what a std of 1e-30 makes of the pixels
+    loss_fn = lambda batch, step: (F.cross_entropy(model(batch.x) * float("inf"), batch.y), {})  # noqa: E731
+    with pytest.raises(StageFailed, match=r"teacher: the loss became nan at epoch 1, step 1; the last resume "
+                                          r"checkpoint is kept - the images the model saw were already non-finite "
+                                          r"or huge after normalisation: data.std is near 0") as info:
+        train_one_epoch(model, loss_fn, torch.optim.SGD(model.parameters(), lr=0.1), [b],
+                        Schedule("constant", 0.1, 1, 1), 0, Session(name="teacher"))
+    assert "lower teacher.lr" not in str(info.value)
+    model = tiny_model()  # ordinary images: the advice stays the learning rate's
+    b = tiny_data().batch(range(16))
+    with pytest.raises(StageFailed, match="lower teacher.lr"):
+        train_one_epoch(model, loss_fn, torch.optim.SGD(model.parameters(), lr=0.1), [b],
+                        Schedule("constant", 0.1, 1, 1), 0, Session(name="teacher"))
+
+
+class Terminal:
+    """A stream that says it is a terminal and keeps what the bar draws."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_a_resumed_epochs_progress_bar_counts_from_where_it_resumed():
+    """Was: resuming at step 8 of 74 drew '1/67' (this run's steps alone); now '8/74', as the log counts."""
+    from compress.training.progress import Progress
+
+    screen = Terminal()
+    bar = Progress(74, "teacher 2/5", stream=screen, done=7)
+    bar.update(loss=0.5)
+    assert " 8/74 " in screen.text and "1/67" not in screen.text
+    model, stream = tiny_model(), Terminal()
+    b = tiny_data().batch(range(16))
+    import sys
+
+    saved, sys.stderr = sys.stderr, stream  # the loop draws on stderr
+    try:
+        train_one_epoch(model, ce(model), torch.optim.SGD(model.parameters(), lr=0.1), [b, b],
+                        Schedule("constant", 0.1, 1, 5), 0, Session(progress=True, resume=ResumePoint(0, 3)))
+    finally:
+        sys.stderr = saved
+    assert " 4/5 " in stream.text and " 5/5 " in stream.text and " 1/2 " not in stream.text
+
+
+def test_clipping_under_two_processes_keeps_the_replicas_identical(tiny_config, tmp_path):
+    """The gradients are averaged over the ranks before they are clipped, so every rank scales them alike and the
+    replicas stay one model (2 real gloo processes; a tight clip so it acts on every step)."""
+    import json
+
+    from conftest import compress_subprocess
+
+    run = tmp_path / "run"
+    proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher", "--nproc-per-node",
+                               "2", "--set", "train.clip_grad_norm=0.05", "--set", "teacher.epochs=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["metrics"]
+    assert metrics["replicas_identical"] is True

@@ -116,3 +116,56 @@ def test_standardized_kd_ignores_each_samples_logit_scale_and_shift():
     r = 1 / math.sqrt(3)
     expected = kl(softmax([-r, -r, 2 * r], 2.0), softmax([-1, 0, 1], 2.0)) * 4
     assert standardized(s, torch.tensor([[0.0, 0.0, 3.0]]), 2.0).item() == pytest.approx(expected, rel=1e-5)
+
+
+def degenerate_cases(batch=8, classes=10):
+    """(name, student logits, teacher logits) at the edges: a student whose logits are all equal (a fresh or
+    collapsed head), nearly equal, both equal, a one-hot-ish teacher, logits of 1e4 and 1e6."""
+    g = torch.Generator().manual_seed(0)
+    rand = lambda scale: torch.randn(batch, classes, generator=g) * scale  # noqa: E731
+    one_hot = torch.nn.functional.one_hot(torch.arange(batch) % classes, classes).float() * 1e4
+    return [("equal student", torch.zeros(batch, classes), rand(3)),
+            ("nearly equal student", rand(1e-6), rand(3)),
+            ("equal both", torch.zeros(batch, classes), torch.zeros(batch, classes)),
+            ("one-hot-ish teacher", rand(1), one_hot),
+            ("huge logits", rand(1e4), rand(1e4)),
+            ("huge equal student", torch.full((batch, classes), 1e6), rand(1))]
+
+
+@pytest.mark.parametrize("shape", [(8, 10), (64, 100), (2, 2)])
+def test_every_logit_loss_gives_finite_loss_and_bounded_gradients_at_its_edges(shape):
+    """Was: a student whose logits are all equal got gradients of 4e6 from standardized KD (weight 9) and DIST
+    (their std and Pearson denominators + 1e-7 / 1e-8); now every loss, at its paper weight and temperature, keeps
+    the loss finite and every gradient finite and under 1e4."""
+    from compress.distill.logit_losses import LOGIT_LOSSES
+    from compress.run.config import KDConfig
+
+    for method, loss in LOGIT_LOSSES.items():
+        kd = KDConfig(method=method)
+        for name, student, teacher in degenerate_cases(*shape):
+            student = student.clone().requires_grad_(True)
+            target = torch.arange(shape[0]) % shape[1]
+            value = kd.resolved_weight * loss.fn(student, teacher, target, kd.resolved_temperature, kd.params)
+            value.backward()
+            assert torch.isfinite(value), (method, name)
+            assert torch.isfinite(student.grad).all(), (method, name)
+            assert student.grad.abs().max() < 1e4, (method, name, float(student.grad.abs().max()))
+
+
+def test_the_floors_leave_ordinary_logits_exactly_the_papers():
+    """The floors bound only the degenerate edge: a sample whose logits spread (std above 0.01) is standardized as
+    the paper does, and DIST's correlations of spread-out probabilities are the paper's."""
+    from compress.distill.logit_losses import dist, standardize
+
+    g = torch.Generator().manual_seed(1)
+    s, t = torch.randn(16, 10, generator=g) * 2, torch.randn(16, 10, generator=g) * 2
+    paper = (s - s.mean(1, keepdim=True)) / (s.std(1, keepdim=True) + 1e-7)
+    assert torch.allclose(standardize(s), paper, rtol=1e-5, atol=1e-6)
+
+    def paper_pearson(a, b):
+        a, b = a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True)
+        return (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1) + 1e-8)
+
+    p_s, p_t = torch.softmax(s / 4, 1), torch.softmax(t / 4, 1)
+    expected = 16 * ((1 - paper_pearson(p_s, p_t).mean()) + (1 - paper_pearson(p_s.t(), p_t.t()).mean()))
+    assert dist(s, t, 4.0).item() == pytest.approx(expected.item(), rel=1e-5)

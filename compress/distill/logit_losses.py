@@ -56,11 +56,19 @@ def dkd(student, teacher, target, temperature, alpha=1.0, beta=8.0):
     return (alpha * tckd + beta * nckd) * (t * t)
 
 
-def _pearson_rows(a, b, eps=1e-8):
-    """Pearson correlation of each row of a with the same row of b (the DIST paper's cosine of centred rows)."""
+def _pearson_rows(a, b, floor=1e-3):
+    """Pearson correlation of each row of a with the same row of b (the DIST paper's cosine of centred rows). Each
+    centred row's norm is floored at `floor`: a row without spread (a student whose logits are all equal) then
+    gives a gradient of at most about 1/floor (the paper's `+ 1e-8` under the product gave 4e6), and rows of
+    probabilities with a norm above it (any real spread) get exactly the paper's correlation."""
     a = a - a.mean(1, keepdim=True)
     b = b - b.mean(1, keepdim=True)
-    return (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1) + eps)
+    return (a * b).sum(1) / (_floored_norm(a, floor) * _floored_norm(b, floor))
+
+
+def _floored_norm(rows, floor):
+    # through the squared norm: its gradient is finite at 0, where the norm's own is not
+    return rows.pow(2).sum(1).clamp_min(floor * floor).sqrt()
 
 
 def dist(student, teacher, temperature, beta=1.0, gamma=1.0):
@@ -77,9 +85,11 @@ def dist(student, teacher, temperature, beta=1.0, gamma=1.0):
     return (t * t) * (beta * inter + gamma * intra)
 
 
-def standardize(logits, eps=1e-7):
-    """Each sample's logits minus their mean, over their (unbiased) standard deviation."""
-    return (logits - logits.mean(1, keepdim=True)) / (logits.std(1, keepdim=True) + eps)
+def standardize(logits, floor=1e-2):
+    """Each sample's logits minus their mean, over their (unbiased) standard deviation floored at `floor`: a sample
+    whose logits are all equal gives z = 0 with a gradient of at most about 1/floor (the paper's std + 1e-7 gave
+    4e6 at weight 9), and logits with a std above it are standardized exactly as in the paper."""
+    return (logits - logits.mean(1, keepdim=True)) / logits.var(1, keepdim=True).clamp_min(floor * floor).sqrt()
 
 
 def standardized(student, teacher, temperature):
@@ -108,7 +118,8 @@ LOGIT_LOSSES = {
                      {"temperature": 4.0, "weight": 1.0, "ce_weight": 1.0}, "dkd"),
     "dist": LogitLoss(lambda s, t, y, T, p: dist(s, t, T, p["beta"], p["gamma"]), "DIST",
                       "Pearson relations within and between classes; Huang et al. 2022",
-                      {"temperature": 4.0, "weight": 1.0, "ce_weight": 1.0}, "dist"),
+                      # the official code's CIFAR configs weigh the DIST loss 2 beside CE 1 (and T 4)
+                      {"temperature": 4.0, "weight": 2.0, "ce_weight": 1.0}, "dist"),
     "standardized": LogitLoss(lambda s, t, y, T, p: standardized(s, t, T), "standardized-logit KD",
                               "KD on z-scored logits; Sun et al. 2024",
                               {"temperature": 2.0, "weight": 9.0, "ce_weight": 0.1}),

@@ -148,9 +148,15 @@ class TrainConfig:
                              "them; in-memory datasets need none)")
     checkpoint_every: int = _f(0, "also write the resume checkpoint every N steps (0: at the end of each epoch)")
     progress: bool = _f(True, "show a progress bar on rank 0 when stderr is a terminal")
+    clip_grad_norm: Optional[float] = _f(None, "teacher, distill and QAT training: scale the gradients down to this "
+                                               "global L2 norm before each update where theirs is larger (torch's "
+                                               "clip_grad_norm_), a guard against the rare batch whose gradients "
+                                               "blow up; null: never")
 
     def __post_init__(self):
         problems_if([
+            (self.clip_grad_norm is not None and not 0 < self.clip_grad_norm <= 1e6,
+             f"clip_grad_norm: must be in (0, 1,000,000], or null for no clipping, got {self.clip_grad_norm}"),
             (outside(self.threads, 1, 1024), f"threads: must be between 1 and 1024, got {self.threads}"),
             (outside(self.eval_batch_size, 1, MAX_BATCH),
              f"eval_batch_size: must be between 1 and {MAX_BATCH}, got {self.eval_batch_size}"),

@@ -164,7 +164,8 @@ class StageContext:
                 board.write(history[-1])
 
         return Session(env, name, precision, (self.cfg.seed, self.stage), resume, save,
-                       self.cfg.train.checkpoint_every, log_epoch, self.cfg.train.progress)
+                       self.cfg.train.checkpoint_every, log_epoch, self.cfg.train.progress,
+                       clip_grad_norm=self.cfg.train.clip_grad_norm)
 
     def _restore(self, point, path, modules, optimizer, steps_per_epoch, epochs):
         if point is None:

@@ -59,6 +59,7 @@ class Session:
     save_every: int = 0
     log_epoch: Optional[Callable] = None
     progress: bool = False
+    clip_grad_norm: Optional[float] = None  # train.clip_grad_norm: the gradients' global L2 norm is kept under it
     history: list = field(default_factory=list)  # the finished epochs' metrics (`fit` keeps it)
 
     def checkpoint(self, epoch, step, sums=None):
@@ -123,7 +124,7 @@ def train_one_epoch(model, loss_fn, optimizer, loader, schedule, epoch, session)
     model.train()
     sums = dict(start.running or {"images": 0.0, "loss": 0.0})
     label = f"{session.name} {epoch + 1}/{schedule.epochs}"
-    bar = Progress(steps - start.step, label, session.progress and env.is_main)
+    bar = Progress(steps, label, session.progress and env.is_main, done=start.step)
     for step, batch in enumerate(loader, start=start.step):
         session.seed_step(epoch, step)
         for group in optimizer.param_groups:
@@ -132,9 +133,9 @@ def train_one_epoch(model, loss_fn, optimizer, loader, schedule, epoch, session)
         with session.precision.autocast():
             loss, parts = _forward(loss_fn, batch, epoch * steps + step, model, session, schedule, epoch, step, bar)
         value = loss.item()
-        stop = _agree_on_step(session, schedule, bar, epoch, step, value)
+        stop = _agree_on_step(session, schedule, bar, epoch, step, value, batch.x)
         optimizer.zero_grad(set_to_none=True)
-        session.precision.step(loss, optimizer)
+        session.precision.step(loss, optimizer, session.clip_grad_norm)
         n = len(batch.y)
         sums["images"] += n
         sums["loss"] += value * n
@@ -172,23 +173,40 @@ def _forward(loss_fn, batch, global_step, model, session, schedule, epoch, step,
                                                               epoch, step)))
 
 
-def _agree_on_step(session, schedule, bar, epoch, step, value):
+def _agree_on_step(session, schedule, bar, epoch, step, value, inputs):
     """One collective per step, before the update, so every rank acts at the same step: a non-finite loss on
     any rank fails the stage (nothing of this step is applied); returns whether any rank was asked to stop
     (Ctrl-C / SIGTERM), which the caller honours once this step's update is done."""
-    local = torch.tensor([0 if math.isfinite(value) else 1, 1 if interrupt.local_request() else 0])
-    bad, stop = (bool(v) for v in dist.all_reduce(session.env, local, op="max").tolist())
+    bad_loss = not math.isfinite(value)
+    degenerate = bad_loss and _degenerate_inputs(inputs)  # asked only when it matters: it reads the whole batch
+    local = torch.tensor([int(bad_loss), int(degenerate), 1 if interrupt.local_request() else 0])
+    bad, inputs_bad, stop = (bool(v) for v in dist.all_reduce(session.env, local, op="max").tolist())
     if bad:
         bar.close()
         dist.raise_on_main(session.env, StageFailed(_diverged(session.name, f"the loss became {value}", schedule, epoch,
-                                                              step)))
+                                                              step, inputs_bad)))
     return stop
 
 
-def _diverged(name, what, schedule, epoch, step):
+HUGE_INPUT = 1e4  # normalised pixels are a few units; this many means a std of almost nothing
+
+
+def _degenerate_inputs(x):
+    """Whether a batch's normalised images are non-finite or huge: a degenerate normalisation (data.std tiny, or
+    images without spread), which no learning rate mends."""
+    x = x.float()
+    return not bool(torch.isfinite(x).all()) or float(x.abs().max()) > HUGE_INPUT
+
+
+def _diverged(name, what, schedule, epoch, step, inputs_bad=False):
     stage = name.split()[0]
-    return (f"{name}: {what} at epoch {epoch + 1}, step {step + 1}; the last resume checkpoint is kept - lower "
-            f"{stage}.lr (e.g. --set {stage}.lr={schedule.lr / 10:g}, a tenth) and rerun, or --force to start over")
+    where = f"{name}: {what} at epoch {epoch + 1}, step {step + 1}; the last resume checkpoint is kept"
+    if inputs_bad:
+        return (f"{where} - the images the model saw were already non-finite or huge after normalisation: data.std "
+                "is near 0 (given too small, or computed on images without spread, such as blank ones); set data.mean "
+                "and data.std to the images' own values (or leave both null), check the images, and rerun")
+    return (f"{where} - lower {stage}.lr (e.g. --set {stage}.lr={schedule.lr / 10:g}, a tenth) and rerun, or --force "
+            "to start over")
 
 
 def reduce_sums(env, sums):

@@ -150,14 +150,26 @@ class Precision:
     def inputs(self, x, device):
         return x.to(device, non_blocking=True, memory_format=self.memory_format) if x.dim() == 4 else x.to(device)
 
-    def step(self, loss, optimizer):
+    def step(self, loss, optimizer, clip_grad_norm=None):
+        """Backward and update; with `clip_grad_norm`, the gradients' global L2 norm is first scaled down to it (on
+        the unscaled gradients under fp16: the limit is in the units of the loss). Under DDP the gradients are
+        already averaged over the ranks here, so every rank clips alike."""
         if self.scaler is None:
             loss.backward()
+            _clip(optimizer, clip_grad_norm)
             optimizer.step()
             return
         self.scaler.scale(loss).backward()
+        if clip_grad_norm is not None:
+            self.scaler.unscale_(optimizer)
+            _clip(optimizer, clip_grad_norm)
         self.scaler.step(optimizer)
         self.scaler.update()
+
+
+def _clip(optimizer, max_norm):
+    if max_norm is not None:
+        torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_norm)
 
 
 FP32 = Precision(reason="fp32 (always, for this step)")
