@@ -6,7 +6,6 @@ import os
 
 from compress.errors import InputError
 
-
 RENAMED = {"imagefolder-resnet18": "photos"}  # recipes under their older names
 
 
