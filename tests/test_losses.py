@@ -136,7 +136,8 @@ def degenerate_cases(batch=8, classes=10):
 def test_every_logit_loss_gives_finite_loss_and_bounded_gradients_at_its_edges(shape):
     """Was: a student whose logits are all equal got gradients of 4e6 from standardized KD (weight 9) and DIST
     (their std and Pearson denominators + 1e-7 / 1e-8); now every loss, at its paper weight and temperature, keeps
-    the loss finite and every gradient finite and under 1e4."""
+    the loss finite and every gradient finite and under 2e5 (standardized KD's worst, a batch of 2 samples of 2
+    classes: weight 9 x T^2 4 / 2 samples / its std floor 1e-4; train.clip_grad_norm bounds the step further)."""
     from compress.distill.logit_losses import LOGIT_LOSSES
     from compress.run.config import KDConfig
 
@@ -149,11 +150,11 @@ def test_every_logit_loss_gives_finite_loss_and_bounded_gradients_at_its_edges(s
             value.backward()
             assert torch.isfinite(value), (method, name)
             assert torch.isfinite(student.grad).all(), (method, name)
-            assert student.grad.abs().max() < 1e4, (method, name, float(student.grad.abs().max()))
+            assert student.grad.abs().max() < 2e5, (method, name, float(student.grad.abs().max()))
 
 
 def test_the_floors_leave_ordinary_logits_exactly_the_papers():
-    """The floors bound only the degenerate edge: a sample whose logits spread (std above 0.01) is standardized as
+    """The floors bound only the degenerate edge: a sample whose logits spread (std above 1e-4) is standardized as
     the paper does, and DIST's correlations of spread-out probabilities are the paper's."""
     from compress.distill.logit_losses import dist, standardize
 

@@ -85,10 +85,11 @@ def dist(student, teacher, temperature, beta=1.0, gamma=1.0):
     return (t * t) * (beta * inter + gamma * intra)
 
 
-def standardize(logits, floor=1e-2):
+def standardize(logits, floor=1e-4):
     """Each sample's logits minus their mean, over their (unbiased) standard deviation floored at `floor`: a sample
     whose logits are all equal gives z = 0 with a gradient of at most about 1/floor (the paper's std + 1e-7 gave
-    4e6 at weight 9), and logits with a std above it are standardized exactly as in the paper."""
+    4e6 at weight 9, 1e7 per unit), and logits with a std above it - any head past its first steps - are
+    standardized exactly as in the paper."""
     return (logits - logits.mean(1, keepdim=True)) / logits.var(1, keepdim=True).clamp_min(floor * floor).sqrt()
 
 
