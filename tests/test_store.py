@@ -91,8 +91,13 @@ def test_an_interrupted_build_resumes_where_it_stopped(tmp_path, digits):
     folder = tmp_path / "store"
     build(folder, digits)
     whole = read_chunks(folder)
-    for name in ("chunk-000005.safetensors", "chunk-000008.safetensors", "store.json"):
-        os.unlink(folder / name)  # as if killed after chunk 4 was written
+    for name in ("chunk-000005.safetensors", "chunk-000008.safetensors"):
+        os.unlink(folder / name)  # as if killed after chunk 4 was written: store.json as it stood then
+    index = json.loads((folder / "store.json").read_text())
+    index["views"] = 0
+    index["chunks"] = {n: d for n, d in index["chunks"].items() if n not in ("chunk-000005.safetensors",
+                                                                             "chunk-000008.safetensors")}
+    (folder / "store.json").write_text(json.dumps(index))
     _, plan, _ = build(folder, digits)
     assert plan["status"] == "resume" and plan["missing"] == [5, 8]
     assert read_chunks(folder) == whole
@@ -117,7 +122,10 @@ def test_ctrl_c_during_the_build_keeps_the_chunks_written_so_far(tmp_path, digit
             store.build(teacher_then_ctrl_c, train, DistEnv(), 64, lambda x: x, store.prepare(DistEnv()))
     finally:
         interrupt._requested = False
-    assert 1 <= len(read_chunks(folder)) < 9 and not (folder / "store.json").exists()
+    # store.json records every chunk written, and no view complete
+    index = json.loads((folder / "store.json").read_text())
+    assert 1 <= len(read_chunks(folder)) < 9 and index["views"] == 0 and sorted(index["chunks"]) == sorted(
+        read_chunks(folder))
     assert build(folder, digits)[1]["status"] == "resume"
 
 
@@ -231,9 +239,66 @@ def test_non_finite_outputs_in_a_later_chunk_leave_the_store_unfinished_and_a_go
     with pytest.raises(StageFailed, match="the store is left unfinished"):
         store.build(breaks_later, train, DistEnv(), 128, lambda x: x, store.prepare(DistEnv()))
     assert sorted(read_chunks(folder)) == ["chunk-000000.safetensors", "chunk-000001.safetensors"]
-    assert not (folder / "store.json").exists()
+    assert json.loads((folder / "store.json").read_text())["views"] == 0  # unfinished
     store = TeacherOutputStore(str(folder), spec(data_fingerprint=train.fingerprint(), views=1))
     plan = store.prepare(DistEnv())
     assert plan["status"] == "resume" and plan["missing"] == [2]  # the finite chunks are kept and reused
     store.build(teacher, train, DistEnv(), 128, lambda x: x, plan)
     assert (folder / "store.json").exists()
+
+
+def forge(path):
+    """Rewrite a chunk consistently: other logits, and its own per-tensor hashes updated to match them."""
+    from safetensors.torch import load
+
+    from compress.training.checkpoint import serialize, tensor_sha256
+
+    data = path.read_bytes()
+    tensors = load(data)
+    meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    tensors["values"] = tensors["values"].flip(1).contiguous()  # every image's classes swapped around
+    meta["sha256"] = json.dumps({k: tensor_sha256(v) for k, v in tensors.items()}, sort_keys=True)
+    path.write_bytes(serialize(tensors, meta))
+
+
+def test_a_chunk_rewritten_with_its_own_hashes_updated_is_rebuilt_not_reused(tmp_path, digits):
+    """Was: reused ('teacher, images and views unchanged'): the chunk checked only the hashes in its own header,
+    and store.json's digests were never read. Each chunk is checked against the digest store.json recorded when
+    it was built."""
+    folder = tmp_path / "store"
+    build(folder, digits)
+    good = read_chunks(folder)
+    forge(folder / "chunk-000004.safetensors")
+    _, plan, _ = build(folder, digits)
+    assert plan["status"] == "rebuild" and plan["missing"] == [4]
+    assert "1 damaged chunk(s) (chunk-000004.safetensors, ...) rebuilt: their bytes are not what store.json " \
+        "recorded when they were built" == plan["reason"]
+    assert read_chunks(folder) == good
+
+
+def test_a_chunk_store_json_does_not_record_is_not_trusted(tmp_path, digits):
+    folder = tmp_path / "store"
+    build(folder, digits)
+    forge(folder / "chunk-000002.safetensors")
+    index = json.loads((folder / "store.json").read_text())
+    del index["chunks"]["chunk-000002.safetensors"]  # its record gone too
+    index["views"] = 0
+    (folder / "store.json").write_text(json.dumps(index))
+    _, plan, _ = build(folder, digits)
+    assert plan["status"] == "resume" and plan["missing"] == [2]
+
+
+@pytest.mark.parametrize("views", [10**12, -1, "3", None])
+def test_a_store_json_whose_views_cannot_be_is_one_sentence_and_a_rebuild(tmp_path, digits, views):
+    """Was: store.json claiming 10^12 views was reused, then the next build that extended it looped over 10^12
+    chunks (FileNotFoundError at the first one missing)."""
+    folder = tmp_path / "store"
+    build(folder, digits)
+    index = json.loads((folder / "store.json").read_text())
+    index["views"] = views
+    (folder / "store.json").write_text(json.dumps(index))
+    store, plan, _ = build(folder, digits)
+    assert plan["status"] == "rebuild" and plan["wipe"] and plan["reason"] in (
+        "its store.json claims 1,000,000,000,000 complete views but records 9 chunk(s)",
+        "its store.json has no valid views and chunks")
+    assert json.loads((folder / "store.json").read_text())["views"] == 3

@@ -14,10 +14,12 @@ What is stored, per (image, view):
   - never the hint loss's feature maps (kilobytes per image): with a hint the teacher runs on every batch.
 
 Layout: chunks of up to ROWS_PER_CHUNK rows, chunk c = (view c // blocks, samples of block c % blocks), each a
-safetensors file whose metadata carries the store key and the sha256 of each of its tensors, so a chunk
-checks itself: a truncated file or a changed byte is found and that chunk is rebuilt. All ranks compute
-chunks in parallel (round-robin); rank 0 writes them (it alone writes in a run directory), each atomically,
-and writes `store.json` (the key's fields, every chunk's sha256) when the last one is in. Every rank reads
+safetensors file whose metadata carries the store key and the sha256 of each of its tensors. `store.json` (the
+key's fields, the views complete, and the sha256 of every chunk file written) is rewritten after each chunk, so
+every chunk is checked against the digest recorded when it was built - a chunk rewritten with its own tensor
+hashes updated is found and rebuilt as surely as a truncated one - and a chunk that store.json does not record
+is not trusted. All ranks compute chunks in parallel (round-robin); rank 0 writes them (it alone writes in a run
+directory), each atomically. Every rank reads
 through memory maps of the same files: nothing is all-gathered, and the memory a process holds is a chunk
 while building and the pages it touches while training (shared, file-backed page cache).
 """
@@ -36,7 +38,7 @@ import numpy as np
 import torch
 
 from compress.errors import InputError
-from compress.fileio import atomic_write_bytes, atomic_write_json, dumps, read_json
+from compress.fileio import atomic_write_bytes, atomic_write_json, dumps, open_regular, read_json
 from compress.training import distributed as dist
 from compress.training import interrupt
 from compress.training.checkpoint import memory_map_safetensors as _memory_map
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "compress-teacher-outputs/1"
 ROWS_PER_CHUNK = 65536
+MAX_VIEWS = 100_000  # distill.views' largest
 DENSE_UP_TO = 100
 DEFAULT_TOP_K = 10
 
@@ -169,8 +172,11 @@ class TeacherOutputStore:
     def manifest_path(self):
         return os.path.join(self.folder, "store.json")
 
+    def chunk_name(self, c):
+        return f"chunk-{c:06d}.safetensors"
+
     def chunk_path(self, c):
-        return os.path.join(self.folder, f"chunk-{c:06d}.safetensors")
+        return os.path.join(self.folder, self.chunk_name(c))
 
     # ------------------------------------------------------------------ what is there
 
@@ -183,14 +189,19 @@ class TeacherOutputStore:
         keep = max(self.spec.views, head["views"])
         if head["stale"]:
             return {"status": "rebuild", "reason": head["stale"], "missing": list(range(self.spec.chunks)),
-                    "wipe": True, "views_kept": self.spec.views}
+                    "wipe": True, "views_kept": self.spec.views, "views_complete": 0, "digests": {}}
         present = head["present"]
-        damaged = self._check_chunks(env, present)
+        damaged = self._check_chunks(env, present, head["digests"])
         missing = [c for c in range(self.spec.chunks) if c not in present or c in damaged]
-        plan = {"missing": missing, "wipe": False, "views_kept": keep}
+        rebuilt = {self.chunk_name(c) for c in missing}
+        plan = {"missing": missing, "wipe": False, "views_kept": keep,
+                "views_complete": min(head["views"], min(missing, default=self.spec.chunks) // self.spec.blocks),
+                "digests": {name: d for name, d in head["digests"].items() if name not in rebuilt}}
         if damaged:
             name = os.path.basename(self.chunk_path(damaged[0]))
-            return {**plan, "status": "rebuild", "reason": f"{len(damaged)} damaged chunk(s) ({name}, ...) rebuilt"}
+            return {**plan, "status": "rebuild", "reason": f"{len(damaged)} damaged chunk(s) ({name}, ...) rebuilt: "
+                                                           "their bytes are not what store.json recorded when they "
+                                                           "were built"}
         if not missing and head["views"] >= self.spec.views:
             return {**plan, "status": "reuse", "reason": "teacher, images and views unchanged"}
         if head["views"] and len(missing) == (self.spec.views - head["views"]) * self.spec.blocks:
@@ -202,42 +213,64 @@ class TeacherOutputStore:
         return {**plan, "status": "build", "reason": "no store yet"}
 
     def _read_head(self):
-        """(On rank 0) whether the folder holds a store of another key (and why it differs), how many views
-        its store.json says are complete, and which of this run's chunk files exist."""
-        present = sorted(c for c in range(self.spec.chunks) if os.path.isfile(self.chunk_path(c)))
-        if not os.path.isfile(self.manifest_path):
-            return {"stale": "", "present": present, "views": 0}
+        """(On rank 0) whether the folder holds a store of another key, or a store.json that cannot be one (and
+        why), how many views its store.json says are complete, which of this run's chunk files it records (with
+        the sha256 recorded for each) and are there."""
+        if not os.path.isfile(self.manifest_path):  # no record of any chunk: none is trusted
+            return {"stale": "", "present": [], "views": 0, "digests": {}}
         try:
             old = read_json(self.manifest_path, "teacher-output store manifest")
         except InputError:
-            return {"stale": "its store.json is unreadable", "present": [], "views": 0}
+            return {"stale": "its store.json is unreadable", "present": [], "views": 0, "digests": {}}
         if not isinstance(old, dict) or old.get("format") != FORMAT or old.get("key") != self.spec.key:
             spec = old.get("spec") if isinstance(old, dict) and isinstance(old.get("spec"), dict) else {}
-            return {"stale": self.spec.difference(spec), "present": [], "views": 0}
-        views = old.get("views")
-        return {"stale": "", "present": present, "views": views if isinstance(views, int) and views > 0 else 0}
+            return {"stale": self.spec.difference(spec), "present": [], "views": 0, "digests": {}}
+        views, chunks = old.get("views"), old.get("chunks")
+        problem = self._manifest_problem(views, chunks)
+        if problem:
+            return {"stale": f"its store.json {problem}", "present": [], "views": 0, "digests": {}}
+        present = [c for c in range(self.spec.chunks)
+                   if self.chunk_name(c) in chunks and os.path.isfile(self.chunk_path(c))]
+        return {"stale": "", "present": present, "views": views, "digests": chunks}
 
-    def _check_chunks(self, env, present):
+    def _manifest_problem(self, views, chunks):
+        """What makes store.json's views and chunk digests impossible for this store ('' when nothing): views
+        must be a count of views whose every chunk it records (a claim of 10^12 views is a damaged file, and
+        would be a loop of 10^12 chunks), digests sha256 strings."""
+        if not isinstance(views, int) or isinstance(views, bool) or views < 0 or not isinstance(chunks, dict):
+            return "has no valid views and chunks"
+        if views * self.spec.blocks > len(chunks) or views > MAX_VIEWS:
+            return f"claims {views:,} complete views but records {len(chunks):,} chunk(s)"
+        if not all(isinstance(v, str) and len(v) == 64 for v in chunks.values()):
+            return "records a chunk digest that is not a sha256"
+        if not all(self.chunk_name(c) in chunks for c in range(views * self.spec.blocks)):
+            return f"claims {views:,} complete views without recording all their chunks"
+        return ""
+
+    def _check_chunks(self, env, present, digests):
         flags = torch.zeros(self.spec.chunks, dtype=torch.long)
         for c in present[env.rank::env.world]:
-            if not self._chunk_ok(c):
+            if not self._chunk_ok(c, digests[self.chunk_name(c)]):
                 flags[c] = 1
         flags = dist.all_reduce(env, flags, op="max")
         return [c for c in range(self.spec.chunks) if flags[c]]
 
-    def _chunk_ok(self, c):
-        """The chunk file is whole, of this store, every tensor's bytes hash to what its metadata says, and its
-        values are finite (an older build stored logits beyond fp16's range as inf)."""
+    def _chunk_ok(self, c, digest):
+        """The chunk file's sha256 is the one store.json recorded when it was built, the file is whole, of this
+        store, every tensor's bytes hash to what its metadata says, and its values are finite (an older build
+        stored logits beyond fp16's range as inf)."""
         from safetensors import SafetensorError
         from safetensors.torch import load
 
         try:
-            with open(self.chunk_path(c), "rb") as f:
+            with os.fdopen(open_regular(self.chunk_path(c), "teacher-output chunk"), "rb") as f:
                 data = f.read()
+            if hashlib.sha256(data).hexdigest() != digest:
+                return False
             tensors = load(data)
             meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
             sums = json.loads(meta.get("sha256", "{}"))
-        except (OSError, ValueError, SafetensorError, RuntimeError):
+        except (OSError, ValueError, SafetensorError, RuntimeError, InputError):
             return False
         if meta.get("store") != self.spec.key or meta.get("chunk") != str(c) or set(sums) != set(tensors):
             return False
@@ -265,6 +298,9 @@ class TeacherOutputStore:
         teacher runs under `autocast()` (the training's precision). A stop request (Ctrl-C) ends the build
         after the current batch; chunks already written stay and a rerun resumes."""
         missing = plan["missing"]
+        # rank 0 records each chunk in store.json as it writes it: file name -> sha256, and the views complete
+        self._record = {"digests": dict(plan["digests"]), "views": plan["views_complete"],
+                        "start": time.perf_counter(), "world": env.world}
         if env.is_main:
             os.makedirs(self.folder, exist_ok=True)
             if plan["wipe"]:  # a store of another teacher, data or views: none of it can serve
@@ -292,7 +328,7 @@ class TeacherOutputStore:
                         "little beyond its top class; a teacher trained more gently (a lower teacher.lr, label "
                         "smoothing) makes a better one", peak, f"{FP16_MAX:,.0f}")
         if env.is_main:
-            self._write_manifest(plan["views_kept"], time.perf_counter() - start, env.world)
+            self._write_manifest(plan["views_kept"], self._record["digests"], time.perf_counter() - start, env.world)
         dist.barrier(env)
 
     def _non_finite_message(self, broken):
@@ -360,18 +396,22 @@ class TeacherOutputStore:
         return t
 
     def _write_chunk(self, c, tensors):
+        """Write chunk `c`, then store.json recording its sha256 (a crash between the two leaves a chunk that
+        store.json does not record: it is rebuilt, never trusted)."""
         tensors = {k: v.contiguous() for k, v in tensors.items()}
         meta = {"format": FORMAT, "store": self.spec.key, "chunk": str(c),
                 "sha256": json.dumps({k: _sha256(v) for k, v in tensors.items()}, sort_keys=True)}
-        atomic_write_bytes(self.chunk_path(c), serialize(tensors, meta))
+        data = serialize(tensors, meta)
+        atomic_write_bytes(self.chunk_path(c), data)
+        r = self._record
+        r["digests"][self.chunk_name(c)] = hashlib.sha256(data).hexdigest()
+        self._write_manifest(r["views"], r["digests"], time.perf_counter() - r["start"], r["world"])
 
-    def _write_manifest(self, views, seconds, world):
-        """store.json: the key's fields, how many views are complete, every chunk's sha256."""
+    def _write_manifest(self, views, chunks, seconds, world):
+        """store.json: the key's fields, how many views are complete, the sha256 of every chunk file written
+        (`chunks`: file name -> sha256; rewritten after each chunk, so none is ever on disk unrecorded)."""
         spec = dataclasses.replace(self.spec, views=views)
-        chunks = {}
-        for c in range(spec.chunks):
-            with open(self.chunk_path(c), "rb") as f:
-                chunks[os.path.basename(self.chunk_path(c))] = hashlib.sha256(f.read()).hexdigest()
+        chunks = dict(sorted(chunks.items()))
         atomic_write_json(self.manifest_path, {
             "format": FORMAT, "key": spec.key, "views": views, "spec": dataclasses.asdict(spec), "chunks": chunks,
             "bytes": spec.total_bytes(), "bytes_per_row": spec.bytes_per_row(),
