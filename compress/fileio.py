@@ -1,19 +1,26 @@
-"""Files: atomic writes, strict JSON, sha256, and reads that never follow a symbolic link or block on a pipe.
+"""Files: atomic writes, strict JSON, sha256, reads that never follow a symbolic link or block on a pipe, one
+bounded folder walk, and text from files made safe for a terminal.
 
 Every file compress writes goes through `atomic_write_bytes`: a temp file in the same folder, fsync, then
 `os.replace`, so a reader (or a crash) sees the old file or the new one, never half of one. `os.replace`
 swaps the directory entry itself, so a link planted under a final name is replaced, not written through.
+A write the system refuses (a full disk, a read-only file system, a folder in the file's place) is one
+sentence naming the file, never a bare OSError.
 JSON is strict: non-finite numbers become null instead of the bare `NaN`/`Infinity` that JSON does not allow.
 """
 
+import errno
 import hashlib
 import json
+import logging
 import math
 import os
 import stat
 import tempfile
 
 from compress.errors import InputError
+
+log = logging.getLogger(__name__)
 
 MAX_JSON_BYTES = 64 * 1024 * 1024  # manifests and reports are kilobytes; anything this big is not ours
 
@@ -26,22 +33,54 @@ def _umask():
 
 
 def atomic_write_bytes(path, data):
-    """Write to a temp file in the same folder, fsync, then rename over `path`: readers see old or new."""
+    """Write to a temp file in the same folder, fsync, then rename over `path`: readers see old or new. A write
+    the system refuses is an InputError naming `path` and what to do (`write_problem`); the file under `path`
+    is then what it was before."""
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    tmp = None
     try:
+        if os.path.isdir(path) and not os.path.islink(path):  # os.replace would say only "Is a directory"
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
+    except BaseException as e:
+        if tmp is not None and os.path.lexists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and write_problem(e, path):
+            raise InputError(write_problem(e, path)) from None
         raise
     _fsync_dir(folder)
+
+
+# errno -> what the user reads and does; the file the system refused is named before it
+_WRITE_ERRORS = {
+    errno.ENOSPC: "the disk is full; free space there (or use another --run-dir) and rerun the same command - the "
+                  "files already written are kept",
+    errno.EDQUOT: "the disk quota is used up; free space there (or use another --run-dir) and rerun the same command "
+                  "- the files already written are kept",
+    errno.EFBIG: "the file is larger than this system allows (ulimit -f); raise the limit and rerun",
+    errno.EROFS: "the file system is read-only; use another --run-dir, or mount it writable",
+    errno.EACCES: "no permission to write there; use another --run-dir, or make it writable",
+    errno.EPERM: "no permission to write there; use another --run-dir, or make it writable",
+    errno.EISDIR: "a folder is in its place; move the folder away and rerun",
+    errno.ENOTDIR: "a file is in the place of one of its folders; move that file away and rerun",
+}
+
+
+def write_problem(error, path=None):
+    """One sentence for an OSError a write got ('' for an errno that is not about where the file goes): the
+    file's name (`path`, else the error's own) and what to do."""
+    what = _WRITE_ERRORS.get(getattr(error, "errno", None))
+    if not what:
+        return ""
+    name = path or getattr(error, "filename", None)
+    return f"cannot write '{safe_text(str(name))}': {what}" if name else f"cannot write: {what}"
 
 
 def _fsync_dir(folder):
@@ -138,12 +177,106 @@ def sha256_file(path, follow_links=False):
     return h.hexdigest()
 
 
-def links_under(root):
-    """Run-relative paths of every symbolic link inside `root` (compress never writes through one)."""
+def open_append(path, what="file"):
+    """A text file object appending to `path` (created when missing), which must be a regular file reached without
+    a symbolic link: a pipe, a device, a folder or a link in its place is an InputError naming it, never a
+    blocking open (opening a FIFO to write waits for a reader forever)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    except OSError as e:
+        if os.path.islink(path):
+            raise InputError(f"{what} '{path}' is a symbolic link; compress does not write through links inside a "
+                             "run directory - remove it") from None
+        if e.errno == errno.ENXIO or (os.path.exists(path) and not os.path.isfile(path)):
+            raise InputError(f"{what} '{path}' is not a regular file ({_kind(path)}); remove it and rerun") from None
+        raise InputError(write_problem(e, path) or f"cannot write {what} '{path}' ({e.strerror or e})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{what} '{path}' is not a regular file ({_kind(path)}); remove it and rerun")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def _kind(path):
+    """What is at `path` instead of a regular file, in words."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "gone"
+    for test, words in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a pipe"),
+                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return words
+    return "not a file"
+
+
+def strange_entries(root):
+    """[(run-relative path, what it is)] of every entry inside `root` that is neither a regular file nor a folder
+    (symbolic links, pipes, sockets, devices), sorted: compress writes through none and reads none of them (a pipe
+    would block the read). Not followed into links, so the walk ends."""
     found = []
     for folder, dirs, files in os.walk(root):
         for name in dirs + files:
             full = os.path.join(folder, name)
-            if os.path.islink(full):
-                found.append(os.path.relpath(full, root))
+            mode = os.lstat(full).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                found.append((os.path.relpath(full, root), _kind(full)))
     return sorted(found)
+
+
+
+def walk_tree(top, skip=lambda name: False, what=None):
+    """[(folder, sorted file names)] of `top` and every folder below it, links to folders followed, in os.walk's
+    top-down order with names sorted - but each folder read once: folders are known by (st_dev, st_ino), so a
+    link back into the tree (`ln -s . loop`), a second link to a folder already read, or a link to a folder
+    enclosing `top` adds nothing, and the walk ends whatever the links. `skip(name)` leaves out files and folders
+    by name; `what` ("data.root") names the setting in the warning about a link not followed."""
+    top_real = os.path.realpath(top)
+    seen, found, stack = set(), [], [top]
+    while stack:
+        folder = stack.pop()
+        try:
+            info = os.stat(folder)
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:  # unreadable, or gone since it was listed: os.walk leaves it out too
+            continue
+        real = os.path.realpath(folder)
+        if (info.st_dev, info.st_ino) in seen or (folder != top and (
+                real == top_real or top_real.startswith(real.rstrip(os.sep) + os.sep))):
+            if what and folder not in _NOT_FOLLOWED:  # a tree is listed more than once a run: say it once
+                _NOT_FOLLOWED.add(folder)
+                log.warning("%s: not following %s: it links back to a folder already read", what, folder)
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        files, below = [], []
+        for entry in entries:
+            if skip(entry.name):
+                continue
+            try:
+                is_dir = entry.is_dir()  # through a link too
+            except OSError:
+                is_dir = False
+            (below if is_dir else files).append(entry.path if is_dir else entry.name)
+        found.append((folder, files))
+        stack.extend(reversed(below))
+    return found
+
+
+_NOT_FOLLOWED = set()
+
+
+def safe_text(text):
+    """`text` (a file or folder name, a class name, a message read from a file or raised by a library) safe to
+    show on a terminal or write to a log: every control or other non-printable character but the line break is
+    escaped (an ESC from a file name would otherwise drive the terminal). Idempotent."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+class SafeFormatter(logging.Formatter):
+    """A log formatter whose every line is `safe_text`: one place, so no call site can forget."""
+
+    def format(self, record):
+        return safe_text(super().format(record))

@@ -114,8 +114,9 @@ CASES = {
         lambda r, t: lock_not_writable(r), lambda r, t: ["report", r],
         "/.lock); use another run directory, or make it writable - `compress show` and `compress predict` only "
         "read it"),
-    "run directory: cannot be written, run": (
-        lambda r, t: lock_not_writable(r), lambda r, t: ["run", "--run-dir", r], "cannot write to run directory"),
+    "run directory: cannot be written, run": (  # `run` looks before it locks: the folder itself is named
+        lambda r, t: lock_not_writable(r), lambda r, t: ["run", "--run-dir", r],
+        "has a folder where its file .lock goes; move the folder away and rerun"),
     "run directory: under a file, dry run": (  # the plan is shown; the exit code says the run would stop
         lambda r, t: write(t / "f", "x"), lambda r, t: ["run", "--run-dir", t / "f" / "run", "--dry-run"],
         "is not a folder); choose another with --run-dir - `compress run` would stop here, before the plan above"),
@@ -281,7 +282,8 @@ CASES = {
         lambda r, t: ["show", r], "stage 'qat' has a malformed \"metrics\""),
     "manifest: a pipe that never ends": (
         lambda r, t: ((r / "manifest.json").unlink(), os.mkfifo(r / "manifest.json")),
-        lambda r, t: ["run", "--run-dir", r, "--stages", "teacher"], "is not a regular file"),
+        lambda r, t: ["run", "--run-dir", r, "--stages", "teacher"],
+        "contains a pipe, manifest.json, where compress keeps only files and folders; remove it and rerun"),
     "bench: absurd repeats": (
         lambda r, t: None, lambda r, t: ["bench", r / "export" / "model.int8.onnx", "--repeats", "1000000000"],
         "Invalid value for '--repeats'"),

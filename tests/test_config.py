@@ -239,3 +239,43 @@ def test_a_store_never_holds_views_no_epoch_shows():
     assert (d.views_for(True), d.views_for(False)) == (1, 1)
     assert load_config(None, ["distill.views=4", "distill.epochs=10"]).distill.views_for(True) == 4
     assert load_config(None, ["distill.epochs=7"]).distill.views_for(True) == 7  # null: one per epoch
+
+
+def numeric_keys():
+    """Every int or float key of the config, by its dotted path."""
+    from compress.run.config import Config
+    from compress.run.schema import reference
+
+    return [key for key, tp, _, _ in reference(Config) if tp.split()[0] in ("int", "float")]
+
+
+def test_every_refused_number_is_told_both_ends_of_its_range():
+    """Was: 'checkpoint_every: must be >= 0, got 1000000000000', where the check also had a maximum. A value far
+    above any limit and one far below: a refusal names the range with both ends ('between A and B', '(A, B]',
+    '[A, B)') - never a one-sided 'must be >= A' whose other end is a secret."""
+    import re
+
+    number = r"-?[\d,.e+-]+"
+    two_ends = re.compile(rf"between {number} and {number}|[(\[]{number}, {number}[)\]]|must be \d or \d")
+    told = 0
+    for key in numeric_keys():
+        for value in (10**14, -(10**14)):
+            try:
+                load_config(None, [f"{key}={value}"])
+            except ConfigError as e:
+                mine = [p for p in e.problems if p.startswith(f"{key}:")]
+                if mine and "far too large" not in mine[0]:
+                    told += 1
+                    assert two_ends.search(mine[0]), mine[0]
+                    assert "must be >=" not in mine[0] and "at least" not in mine[0], mine[0]
+    assert told > 30  # the checks are there to be read
+
+
+def test_a_degenerate_normalisation_std_is_refused_with_its_range():
+    """A std of almost nothing blows the pixels up and trains to NaN ('lower teacher.lr' was the advice)."""
+    with pytest.raises(ConfigError, match=r"data.std: every value must be between 0.001 and 1000 \(pixels are scaled "
+                                          r"to 0..1"):
+        load_config(None, ["data.mean=[0.5]", "data.std=[1e-30]"])
+    assert load_config(None, ["data.mean=[0.5]", "data.std=[0.25]"]).data.std == (0.25,)
+    with pytest.raises(ConfigError, match=r"train.clip_grad_norm: must be in \(0, 1,000,000\]"):
+        load_config(None, ["train.clip_grad_norm=0"])

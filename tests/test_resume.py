@@ -71,8 +71,9 @@ def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_r
     proc = fault_subprocess(*base, fault="teacher:1:5:sigint")
     assert proc.returncode == 130, proc.stderr
     assert "stopping at the next safe point (training saves a checkpoint there; Ctrl-C again" in proc.stderr  # heard
-    assert ("interrupted at epoch 2 of teacher (after 7 of its 51 steps); rerun the same command to resume"
-            in proc.stderr)
+    # an interruption the user asked for is said plainly, not as an error (was: "error: interrupted ...")
+    assert ("stopped: interrupted at epoch 2 of teacher (after 7 of its 51 steps); rerun the same command to resume"
+            in proc.stderr) and "error" not in proc.stderr
     assert "Traceback" not in proc.stderr
     state = read_metadata(run / "teacher" / "last" / "checkpoint.safetensors")["state"]
     assert (state["epoch"], state["step"]) == (1, 7), "the checkpoint must come from the interrupt, mid-epoch"

@@ -8,7 +8,8 @@ import sys
 import click
 
 from compress import __version__
-from compress.errors import EXIT_INTERRUPTED, CompressError
+from compress.errors import EXIT_INTERRUPTED, CompressError, Interrupted
+from compress.fileio import SafeFormatter, safe_text, write_problem
 
 log = logging.getLogger("compress")
 
@@ -44,7 +45,9 @@ def setup_logging(rank=0):
     the run's log.txt (`log_to_file`), and onto the terminal only with -v or --debug."""
     handler = logging.StreamHandler(sys.stderr)
     prefix = "" if rank == 0 else f"[rank {rank}] "
-    handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(message)s", datefmt="%H:%M:%S"))
+    # every line escaped (SafeFormatter): file, folder and class names, and messages read from files, reach the
+    # terminal through log calls everywhere; one formatter leaves no call site to forget
+    handler.setFormatter(SafeFormatter(f"%(asctime)s {prefix}%(message)s", datefmt="%H:%M:%S"))
     for name in ("compress", "stages"):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
@@ -64,7 +67,10 @@ class CompressGroup(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except click.exceptions.ClickException as e:  # click prints it: the values a user typed, escaped
+            e.message = safe_text(e.message)
+            raise
+        except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except CompressError as e:
             if _debug["on"]:
@@ -72,8 +78,10 @@ class CompressGroup(click.Group):
             from compress.errors import MirroredError
 
             rank = int(os.environ.get("RANK", 0))
+            # a stop the user asked for is no error: said plainly, with the exit code of an interruption
+            word = "stopped" if isinstance(e, Interrupted) or e.exit_code == EXIT_INTERRUPTED else "error"
             if not isinstance(e, MirroredError):  # rank 0 already said it
-                click.echo(f"error: {e}" if rank == 0 else f"error [rank {rank}]: {e}", err=True)
+                echo(f"{word}: {e}" if rank == 0 else f"{word} [rank {rank}]: {e}", err=True)
             ctx.exit(e.exit_code)
         except BrokenPipeError:  # `compress ... | head`: the reader left; say nothing more
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -81,20 +89,29 @@ class CompressGroup(click.Group):
         except KeyboardInterrupt:
             if _debug["on"]:
                 raise
-            click.echo("interrupted", err=True)
+            echo("stopped: interrupted (Ctrl-C)", err=True)
             ctx.exit(EXIT_INTERRUPTED)
         except Exception as e:
             if _debug["on"]:
                 raise
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            if isinstance(e, OSError) and write_problem(e):  # a write compress does not make itself (a library's)
+                echo(f"error: {write_problem(e)}", err=True)
+                ctx.exit(2)
             if "RANK" in os.environ and _is_peer_loss(e):
-                click.echo(f"error [rank {os.environ['RANK']}]: lost contact with another worker ({first[:160]}); "
-                           "with --max-restarts N torchrun restarts the group, which resumes from the last "
-                           "checkpoint", err=True)
+                echo(f"error [rank {os.environ['RANK']}]: lost contact with another worker ({first[:160]}); "
+                     "with --max-restarts N torchrun restarts the group, which resumes from the last checkpoint",
+                     err=True)
             else:
-                click.echo(f"error: unexpected {e.__class__.__name__}: {first} (rerun with --debug for the "
-                           "traceback)", err=True)
+                echo(f"error: unexpected {e.__class__.__name__}: {first} (rerun with --debug for the traceback)",
+                     err=True)
             ctx.exit(1)
+
+
+def echo(text="", **kwargs):
+    """click.echo of `text` made safe for a terminal (`safe_text`): what the CLI prints carries file, folder and class
+    names, and messages read from files."""
+    click.echo(safe_text(text), **kwargs)
 
 
 def _is_peer_loss(e):

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from compress.cli.base import _debug, cli, debug_option, log, setup_logging, verbose_option
+from compress.cli.base import _debug, cli, debug_option, echo, log, setup_logging, verbose_option
 from compress.errors import CompressError, InputError
 from stages import ORDER as STAGE_ORDER  # the names only: importing them loads no torch, so --help is instant
 
@@ -101,24 +101,24 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
     if rank == 0 and results.get("report"):
         from compress.run.report import markdown_table
 
-        click.echo(markdown_table(results["report"]))
-        click.echo(f"report: {os.path.join(run_dir, 'report.md')}")
+        echo(markdown_table(results["report"]))
+        echo(f"report: {os.path.join(run_dir, 'report.md')}")
 
 
 def _dry_run(cfg, config_path, note, run_dir, stage_names, force, world):
     from compress.run.pipeline import plan
 
     data, rows = plan(cfg, run_dir, stage_names, force, world)
-    click.echo(f"dry run: nothing is written. config {config_path or 'the defaults'}, run directory {run_dir}"
+    echo(f"dry run: nothing is written. config {config_path or 'the defaults'}, run directory {run_dir}"
                + (f" ({note})" if note else ""))
     for line in data["lines"]:
-        click.echo(line)
+        echo(line)
     for line in data["notes"]:
-        click.echo(f"data: {line}")
+        echo(f"data: {line}")
     for name, action, why in rows:
-        click.echo(f"{name:8} {action:7} {why}")
+        echo(f"{name:8} {action:7} {why}")
     if data.get("busy"):
-        click.echo(f"note: another compress run ({data['busy']}) is using {run_dir} now: this plan is of its files "
+        echo(f"note: another compress run ({data['busy']}) is using {run_dir} now: this plan is of its files "
                    "at this moment, and a `compress run` there stops until that run has ended")
     if data.get("unwritable"):  # the plan is still worth showing; the exit code says the run would not go
         raise InputError(f"{data['unwritable']} - `compress run` would stop here, before the plan above")
@@ -142,7 +142,7 @@ def _relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc, m
     with RunLock(run):
         os.environ[LOCK_ENV] = run.root  # the workers' run_pipeline: this process holds the lock for them
         try:
-            click.echo(f"compress: starting {nproc} processes (torchrun)", err=True)
+            echo(f"compress: starting {nproc} processes (torchrun)", err=True)
             return relaunch(nproc, max_restarts, argv)
         finally:  # a later run in this process (tests call the CLI in-process) must take the lock itself
             os.environ.pop(LOCK_ENV, None)
@@ -176,7 +176,7 @@ def stages_cmd(run_dir):
         if run:
             state, detail = states[name]
             line += f"\n         status: {state}" + (f" ({detail})" if detail else "")
-        click.echo(line)
+        echo(line)
 
 
 @cli.command("config")
@@ -199,18 +199,18 @@ def config_cmd(config_path, overrides, reference, list_recipes):
 
     if list_recipes:
         for name in recipes.names():
-            click.echo(f"{name:22} {recipes.summary(name)}")
+            echo(f"{name:22} {recipes.summary(name)}")
         return
     config_path, _ = recipes.resolve(config_path)
 
     if reference:
         from compress.run.schema import reference as rows
 
-        click.echo("| key | type | default | meaning |\n|---|---|---|---|")
+        echo("| key | type | default | meaning |\n|---|---|---|---|")
         for key, tp, default, help_text in rows(Config):
-            click.echo(f"| `{key}` | {tp} | `{_yaml_value(default)}` | {help_text} |")
+            echo(f"| `{key}` | {tp} | `{_yaml_value(default)}` | {help_text} |")
         return
-    click.echo(dump_config(load_config(config_path, overrides)), nl=False)
+    echo(dump_config(load_config(config_path, overrides)), nl=False)
 
 
 def _yaml_value(value):
@@ -230,14 +230,14 @@ def models_cmd():
     from compress.data.registry import DATASETS
     from compress.models.registry import DESCRIPTIONS
 
-    click.echo("models:")
+    echo("models:")
     for name, text in DESCRIPTIONS.items():
-        click.echo(f"  {name:26} {text}")
-    click.echo(f"  {'torchvision:<builder>':26} any torchvision classification model, e.g. torchvision:resnet50 "
+        echo(f"  {name:26} {text}")
+    echo(f"  {'torchvision:<builder>':26} any torchvision classification model, e.g. torchvision:resnet50 "
                "(first conv and classifier adapted to your channels and classes; weights: model.*_weights)")
-    click.echo(f"  {'<module>:<function>':26} your own code: called with the keyword arguments it names of "
+    echo(f"  {'<module>:<function>':26} your own code: called with the keyword arguments it names of "
                "num_classes, in_channels, image_size; returns an nn.Module")
-    click.echo("datasets: " + ", ".join(DATASETS))
+    echo("datasets: " + ", ".join(DATASETS))
 
 
 def _reads(item, stages):

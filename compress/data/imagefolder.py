@@ -16,6 +16,7 @@ from compress.data.registry import input_shape_of
 from compress.deploy import imageio
 from compress.deploy.folders import class_folders, skipped, split_folders, split_name
 from compress.errors import InputError
+from compress.fileio import open_regular, walk_tree
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,12 @@ def class_tree(root, others=None):
     if len(names) < 2:
         raise InputError(f"data.root: '{root}' must hold one folder per class (<class>/<image>); found {len(names)} "
                          "class folder(s)")
+    root_real = os.path.realpath(root)
     for name in names:
+        real = os.path.realpath(os.path.join(root, name))
+        if root_real == real or root_real.startswith(real.rstrip(os.sep) + os.sep):  # every class's images in one
+            raise InputError(f"data.root: the class folder '{os.path.join(root, name)}' is a link to '{real}', which "
+                             f"holds '{root}' itself; replace the link with the class's own folder of images")
         if split_name(name) and {e.name for e in os.scandir(os.path.join(root, name)) if e.is_dir()} & set(names):
             # val/cat/ beside cat/: a split, not a class named "val"
             raise InputError(f"data.root: '{root}' holds a '{name}' folder of class folders beside its class folders; "
@@ -213,31 +219,10 @@ def class_tree(root, others=None):
     return names, samples
 
 
-_WARNED = set()
-
-
 def _walk(top):
     """[(folder, file names)] under `top`, following links, sorted by folder (torchvision's order), without hidden
-    or junk folders and without a linked folder seen before or enclosing `top` (a link loop: cat/up -> ..)."""
-    found, seen = [], set()
-    top_real = os.path.realpath(top)
-    for folder, dirs, files in os.walk(top, followlinks=True):
-        seen.add(os.path.realpath(folder))
-        keep = []
-        for d in dirs:
-            real = os.path.realpath(os.path.join(folder, d))
-            if skipped(d):
-                continue
-            if real in seen or top_real == real or top_real.startswith(real + os.sep):
-                if os.path.join(folder, d) not in _WARNED:  # the tree is scanned more than once a run
-                    _WARNED.add(os.path.join(folder, d))
-                    log.warning("data.root: not following %s: it links back to a folder already read",
-                                os.path.join(folder, d))
-                continue
-            keep.append(d)
-        dirs[:] = keep
-        found.append((folder, files))
-    return sorted(found)
+    or junk folders, each folder once (a link loop, cat/up -> .., adds nothing: `walk_tree`)."""
+    return sorted(walk_tree(top, skip=skipped, what="data.root"))
 
 
 def _same_classes(root, train_names, val_names, held_out):
@@ -249,13 +234,13 @@ def _same_classes(root, train_names, val_names, held_out):
         raise InputError(f"data.root '{root}': {which}; both splits need the same class folders")
 
 
-def image_files(root):
-    """Every image file under `root` (nested folders included, hidden ones skipped), sorted."""
+def image_files(root, what="data.unlabeled"):
+    """Every image file under `root` (nested folders included, hidden ones skipped, each folder once however links
+    loop: `walk_tree`), sorted."""
     found = []
-    for folder, dirs, files in os.walk(root, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not skipped(d))
+    for folder, files in walk_tree(root, skip=skipped, what=what):
         prefix = os.path.join(folder, "")
-        found.extend(prefix + f for f in sorted(files) if not skipped(f) and f.lower().endswith(IMAGE_EXTENSIONS))
+        found.extend(prefix + f for f in files if f.lower().endswith(IMAGE_EXTENSIONS))
     return found
 
 
@@ -276,14 +261,17 @@ def _unlabeled_files(cfg):
 
 
 def unlabeled_problem(cfg):
-    """data.unlabeled's problem as one sentence, or '': the folder is missing, holds no image, or holds files that
-    are not images by their header. Only headers are read (0.5 s for 20,000 files here), so the distill stage
-    does not stop on a file that is no image after the teacher has trained; a truncated image is still found
-    only when distill decodes it."""
+    """data.unlabeled's problem as one sentence, or '': the folder is missing, holds no image, holds labelled
+    images (`overlap_problem`), or holds files that are not images by their header. Only headers are read (0.5 s
+    for 20,000 files here), so the distill stage does not stop on a file that is no image after the teacher has
+    trained; a truncated image is still found only when distill decodes it."""
     try:
         files = unlabeled_files(cfg)
+        overlap = overlap_problem(cfg)
     except InputError as e:
         return str(e)
+    if overlap:
+        return overlap
     bad = []
     for path in files:
         try:
@@ -291,6 +279,94 @@ def unlabeled_problem(cfg):
         except InputError as e:
             bad.append((path, str(e)))
     return f"data.unlabeled: {unreadable_sentence(bad, len(files))}" if bad else ""
+
+
+def labelled_folders(cfg):
+    """The folders whose every image is labelled data: data.root's train/ and held-out folders, or data.root
+    itself (one folder per class, or train/ alone)."""
+    root = os.path.expanduser(cfg.root)
+    train, held_out = split_folders(root)
+    if train and held_out:
+        return [train, os.path.join(root, held_out)]
+    return [train or root]
+
+
+def overlap_problem(cfg):
+    """One sentence when data.unlabeled holds labelled images, else '': the same folder (or one inside the other)
+    as data.root's labelled folders, a link to a labelled image, or a copy of one (the same bytes: files of equal
+    size are compared by sha256). Validation images among the unlabelled ones would be distilled on and inflate
+    the gain the report states; training images would count twice."""
+    if not cfg.root:
+        return ""
+    unlabeled = os.path.realpath(os.path.expanduser(cfg.unlabeled))
+    if unlabeled == os.path.realpath(os.path.expanduser(cfg.root)):
+        return (f"data.unlabeled: '{cfg.unlabeled}' is data.root: its labelled images would be distilled on as "
+                "unlabelled ones (validation images inflate the gain the report states); point data.unlabeled at "
+                "images that are not in data.root")
+    for folder in (labelled_folders(cfg) if cfg.name == "imagefolder" else [os.path.expanduser(cfg.root)]):
+        real = os.path.realpath(folder)
+        if _inside(unlabeled, real) or _inside(real, unlabeled):
+            how = "is" if real == unlabeled else "is inside" if _inside(unlabeled, real) else "holds"
+            return (f"data.unlabeled: '{cfg.unlabeled}' {how} the labelled folder '{folder}' of data.root: its "
+                    "labelled images would be distilled on as unlabelled ones (validation images inflate the gain the "
+                    "report states); point data.unlabeled at images that are not in data.root")
+    if cfg.name != "imagefolder":
+        return ""
+    return _once(("overlap",) + _root_key(cfg) + (unlabeled,), lambda: _file_overlap(cfg))
+
+
+def _inside(path, folder):
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _file_overlap(cfg):
+    found = scan(cfg)
+    val = {path for path, _ in found["val"]}
+    labelled = {}  # realpath -> the labelled path
+    for path, _ in found["train"] + found["val"]:
+        labelled.setdefault(os.path.realpath(path), path)
+    files = unlabeled_files(cfg)
+    same = [(u, labelled[os.path.realpath(u)]) for u in files if os.path.realpath(u) in labelled]
+    found = {u for u, _ in same}
+    same += _same_bytes([u for u in files if u not in found], list(labelled.values()))
+    if not same:
+        return ""
+    in_val = [pair for pair in same if pair[1] in val]
+    u, path = (in_val or same)[0]
+    what = ("a validation image: distilling on it inflates the gain the report states" if in_val else
+            "a training image: it would count twice")
+    return (f"data.unlabeled: {len(same):,} of its images are labelled images of data.root ({len(in_val):,} of them "
+            f"validation images), by path or by identical bytes - e.g. '{u}' is '{path}', {what}; remove them from "
+            f"'{cfg.unlabeled}' or point data.unlabeled at other images")
+
+
+def _same_bytes(unlabelled, labelled):
+    """[(unlabelled path, labelled path)] of the unlabelled files whose bytes are a labelled file's: only files of a
+    size found on both sides are read (hashed with sha256)."""
+    def sizes(paths):
+        out = {}
+        for path in paths:
+            try:
+                out.setdefault(os.path.getsize(path), []).append(path)
+            except OSError:
+                continue
+        return out
+
+    mine, theirs = sizes(unlabelled), sizes(labelled)
+    digests, same = {}, []
+    for size in sorted(set(mine) & set(theirs)):
+        for path in theirs[size]:
+            digests.setdefault(_file_sha256(path), path)
+        same.extend((u, digests[d]) for u in mine[size] if (d := _file_sha256(u)) in digests)
+    return same
+
+
+def _file_sha256(path):
+    try:
+        with open(open_regular(path, "image", follow_links=True), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except InputError:
+        return f"unreadable {path}"  # matches nothing: its header check names it
 
 
 def load_unlabeled(cfg, train, place=None):

@@ -25,6 +25,7 @@ from compress.deploy.runtimes import RUNTIMES
 from compress.deploy.runtimes import config_help as runtimes_help
 from compress.distill.logit_losses import LOGIT_LOSSES
 from compress.errors import ConfigError, InputError
+from compress.fileio import read_bytes
 from compress.run import schema
 from compress.run.schema import problems_if
 
@@ -32,12 +33,23 @@ DATASET_NAMES = tuple(DATASETS)
 MAX_SEED = 2**32 - 1
 MAX_IMAGE_SIZE = 2048
 MAX_BATCH = 65536
+MIN_STD = 1e-3
 _MODEL_SOURCE = re.compile(r"^(torchvision:[A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?)$")
 
 
 def outside(value, low, high):
     """`value` is not in [low, high] (the checks below read as `(outside(x, 1, 10), "x: ...")`)."""
     return value is not None and not low <= value <= high
+
+
+def between(key, value, low, high):
+    """The check `(value outside [low, high], "key: must be between low and high, got value")`: a limit is stated
+    with both its ends."""
+    return outside(value, low, high), f"{key}: must be between {_number(low)} and {_number(high)}, got {value}"
+
+
+def _number(x):
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
 def _f(default, help):
@@ -99,15 +111,17 @@ class DataConfig:
             (self.mean is not None and self.std is not None and len(self.mean) != len(self.std),
              "mean/std: must have the same length"),
             (self.mean is not None and not 1 <= len(self.mean) <= 3, "mean: give 1 or 3 values (one per channel)"),
-            (self.std is not None and any(s <= 0 for s in self.std), "std: every value must be > 0"),
-            (outside(self.limit, 10, 10**9), f"limit: must be at least 10, got {self.limit}"),
+            (self.std is not None and any(outside(s, MIN_STD, 1 / MIN_STD) for s in self.std),
+             f"std: every value must be between {MIN_STD:g} and {1 / MIN_STD:g} (pixels are scaled to 0..1: a smaller "
+             f"std blows their steps up a thousandfold and more, and training gives NaN), got {list(self.std or ())}"),
+            between("limit", self.limit, 10, 10**9),
             (outside(self.split_seed, 0, MAX_SEED),
              f"split_seed: must be between 0 and {MAX_SEED}, got {self.split_seed}"),
             (outside(self.crop_padding, 0, 512), f"crop_padding: must be between 0 and 512, got {self.crop_padding}"),
             (len(self.crop_scale) != 2 or not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1,
              f"crop_scale: give [low, high] with 0 < low <= high <= 1, got {list(self.crop_scale)}"),
             (not 0.25 <= self.eval_crop <= 1, f"eval_crop: must be between 0.25 and 1, got {self.eval_crop}"),
-            (outside(self.cache_mb, 0, 10**7), f"cache_mb: must be >= 0, got {self.cache_mb}"),
+            between("cache_mb", self.cache_mb, 0, 10**7),
         ])
 
 
@@ -161,7 +175,7 @@ class TrainConfig:
             (outside(self.eval_batch_size, 1, MAX_BATCH),
              f"eval_batch_size: must be between 1 and {MAX_BATCH}, got {self.eval_batch_size}"),
             (outside(self.num_workers, 0, 256), f"num_workers: must be between 0 and 256, got {self.num_workers}"),
-            (outside(self.checkpoint_every, 0, 10**9), f"checkpoint_every: must be >= 0, got {self.checkpoint_every}"),
+            between("checkpoint_every", self.checkpoint_every, 0, 10**9),
         ])
 
 
@@ -194,7 +208,7 @@ class OptimConfig:
             (not 0 < self.lr <= 1e4, f"lr: must be in (0, 10000], got {self.lr}"),
             (not 0 <= self.momentum < 1, f"momentum: must be in [0, 1), got {self.momentum}"),
             (outside(self.weight_decay, 0, 10), f"weight_decay: must be between 0 and 10, got {self.weight_decay}"),
-            (outside(self.step_size, 1, 100_000), f"step_size: must be >= 1, got {self.step_size}"),
+            between("step_size", self.step_size, 1, 100_000),
             (not 0 <= self.label_smoothing < 1, f"label_smoothing: must be in [0, 1), got {self.label_smoothing}"),
             (self.epochs > 0 and not 0 <= self.warmup_epochs <= self.epochs,
              f"warmup_epochs: must be between 0 and epochs ({self.epochs}), got {self.warmup_epochs}"),
@@ -241,9 +255,9 @@ class DKDConfig:
     warmup_epochs: float = _f(20.0, "dkd: the loss weight rises linearly from 0 over this many epochs")
 
     def __post_init__(self):
-        problems_if([(outside(self.alpha, 0, 1e6), f"alpha: must be >= 0, got {self.alpha}"),
-                     (outside(self.beta, 0, 1e6), f"beta: must be >= 0, got {self.beta}"),
-                     (outside(self.warmup_epochs, 0, 1e5), f"warmup_epochs: must be >= 0, got {self.warmup_epochs}")])
+        problems_if([between("alpha", self.alpha, 0, 1e6),
+                     between("beta", self.beta, 0, 1e6),
+                     between("warmup_epochs", self.warmup_epochs, 0, 1e5)])
 
 
 @dataclass(frozen=True)
@@ -252,8 +266,8 @@ class DISTConfig:
     gamma: float = _f(1.0, "dist: weight of the intra-class relation (per-class correlation over the batch)")
 
     def __post_init__(self):
-        problems_if([(outside(self.beta, 0, 1e6), f"beta: must be >= 0, got {self.beta}"),
-                     (outside(self.gamma, 0, 1e6), f"gamma: must be >= 0, got {self.gamma}")])
+        problems_if([between("beta", self.beta, 0, 1e6),
+                     between("gamma", self.gamma, 0, 1e6)])
 
 
 def _paper(field):
@@ -273,7 +287,7 @@ class KDConfig:
     dist: DISTConfig = _f(DISTConfig(), "")
 
     def __post_init__(self):
-        problems_if([(outside(self.weight, 0, 1e6), f"weight: must be >= 0, got {self.weight}"),
+        problems_if([between("weight", self.weight, 0, 1e6),
                      (self.temperature is not None and not 0 < self.temperature <= 1000,
                       f"temperature: must be in (0, 1000], got {self.temperature}")])
 
@@ -305,7 +319,7 @@ class StoreConfig:
                                     "spread evenly); null: all of them up to 100 classes, else 10")
 
     def __post_init__(self):
-        problems_if([(outside(self.top_k, 1, 100_000), f"top_k: must be >= 1, got {self.top_k}")])
+        problems_if([between("top_k", self.top_k, 1, 100_000)])
 
 
 @dataclass(frozen=True)
@@ -315,7 +329,7 @@ class CosineConfig:
     student_layer: str = _f("pool", "student module whose output is compared")
 
     def __post_init__(self):
-        problems_if([(outside(self.weight, 0, 1e6), f"weight: must be >= 0, got {self.weight}")])
+        problems_if([between("weight", self.weight, 0, 1e6)])
 
 
 @dataclass(frozen=True)
@@ -328,7 +342,7 @@ class HintConfig:
         "conv3x3", "regressor from student to teacher shape (linear flattens the features)")
 
     def __post_init__(self):
-        problems_if([(outside(self.weight, 0, 1e6), f"weight: must be >= 0, got {self.weight}")])
+        problems_if([between("weight", self.weight, 0, 1e6)])
 
 
 @dataclass(frozen=True)
@@ -352,12 +366,12 @@ class DistillConfig(SGDRecipe):
 
     def __post_init__(self):
         problems_if(self._recipe_checks() + [
-            (outside(self.ce_weight, 0, 1e6), f"ce_weight: must be >= 0, got {self.ce_weight}"),
+            between("ce_weight", self.ce_weight, 0, 1e6),
             (sum(self.loss_weights().values()) <= 0,
              "ce_weight, kd.weight, cosine.weight, hint.weight: at least one must be > 0"),
             (outside(self.views, 1, 100_000),
-             f"views: must be >= 1, or null for one per epoch, got {self.views} (the teacher on every batch is "
-             "distill.store.enabled: false)"),
+             f"views: must be between 1 and 100,000, or null for one per epoch, got {self.views} (the teacher on every "
+             "batch is distill.store.enabled: false)"),
             (outside(self.view_seed, 0, MAX_SEED),
              f"view_seed: must be between 0 and {MAX_SEED}, got {self.view_seed}"),
         ])
@@ -406,11 +420,11 @@ class QATConfig(OptimConfig):
         problems_if(self._optim_checks() + [
             (self.ce_weight < 0 or self.kd_weight < 0 or self.ce_weight + self.kd_weight <= 0,
              f"ce_weight, kd_weight: must be >= 0 and not both 0, got {self.ce_weight} and {self.kd_weight}"),
-            (not self.kd_temperature > 0, f"kd_temperature: must be > 0, got {self.kd_temperature}"),
+            (not 0 < self.kd_temperature <= 1000, f"kd_temperature: must be in (0, 1000], got {self.kd_temperature}"),
             (outside(self.freeze_observers_after, 1, 100_000),
-             f"freeze_observers_after: must be >= 1 (observers need one epoch to learn ranges), got "
+             f"freeze_observers_after: must be between 1 and 100,000 (observers need one epoch to learn ranges), got "
              f"{self.freeze_observers_after}"),
-            (outside(self.freeze_bn_after, 0, 100_000), f"freeze_bn_after: must be >= 0, got {self.freeze_bn_after}"),
+            between("freeze_bn_after", self.freeze_bn_after, 0, 100_000),
             (outside(self.max_accuracy_drop, 0, 100),
              f"max_accuracy_drop: must be between 0 and 100 (points), got {self.max_accuracy_drop}"),
         ])
@@ -445,8 +459,7 @@ class ExportConfig:
             (not 13 <= self.opset <= 21, f"opset: must be between 13 and 21, got {self.opset}"),
             (not 0 <= self.min_int8_speedup <= 100,
              f"min_int8_speedup: must be between 0 and 100, got {self.min_int8_speedup}"),
-            (outside(self.ptq_calibration, 1, 1_000_000),
-             f"ptq_calibration: must be >= 1, got {self.ptq_calibration}"),
+            between("ptq_calibration", self.ptq_calibration, 1, 1_000_000),
             (self.runtimes is not None and (not self.runtimes or len(set(self.runtimes)) != len(self.runtimes)),
              "runtimes: give each runtime once, or null for the default"),
             (not 0 < self.fp32_max_abs_diff <= 1e6,
@@ -457,8 +470,8 @@ class ExportConfig:
              f"int8_min_agreement: must be in [0, 1], got {self.int8_min_agreement}"),
             (not self.latency_batch_sizes or any(outside(b, 1, 4096) for b in self.latency_batch_sizes),
              "latency_batch_sizes: give batch sizes between 1 and 4096"),
-            (outside(self.latency_repeats, 1, 100_000), f"latency_repeats: must be >= 1, got {self.latency_repeats}"),
-            (outside(self.latency_warmup, 0, 10_000), f"latency_warmup: must be >= 0, got {self.latency_warmup}"),
+            between("latency_repeats", self.latency_repeats, 1, 100_000),
+            between("latency_warmup", self.latency_warmup, 0, 10_000),
         ])
 
 
@@ -496,7 +509,7 @@ def load_config(path=None, overrides=()):
         if not sep or not key.strip():
             raise ConfigError([f"--set '{item}': expected KEY=VALUE, e.g. --set teacher.epochs=5"])
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = parse_yaml(text, f"--set {key.strip()}") if text.strip() else None
         except yaml.YAMLError:
             value = text
         schema.set_path(raw, key.strip(), value)
@@ -521,16 +534,23 @@ def _named_by_origin(problems, path, set_keys):
     return ConfigError([f"{p} (from --set)" if from_set(p) else p for p in problems], source=path)
 
 
+MAX_YAML_BYTES = 16 * 2**20  # a config is kilobytes
+MAX_YAML_VALUES = 100_000  # values in the tree once aliases are expanded: a config holds a few hundred
+
+
 def read_yaml(path):
+    """The mapping a YAML config file holds ({} when empty): a regular file (a pipe is refused, not waited on),
+    UTF-8, aliases bounded and keys unique (`parse_yaml`)."""
+    if not os.path.lexists(path):
+        raise InputError(f"config file '{path}' not found; pass an existing YAML file with --config")
+    if os.path.isdir(path):
+        raise InputError(f"config file '{path}' is a directory; pass a YAML file with --config")
+    data = read_bytes(path, "config file", limit=MAX_YAML_BYTES, follow_links=True)
+    if len(data) > MAX_YAML_BYTES:
+        raise ConfigError([f"the file is {len(data):,} bytes or more, far more than a config; is it really a YAML "
+                           "config?"], source=path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        raw = yaml.safe_load(text)
-        _refuse_duplicate_keys(text, path)
-    except FileNotFoundError:
-        raise InputError(f"config file '{path}' not found; pass an existing YAML file with --config") from None
-    except IsADirectoryError:
-        raise InputError(f"config file '{path}' is a directory; pass a YAML file with --config") from None
+        raw = parse_yaml(data.decode("utf-8"), path)
     except UnicodeDecodeError:
         raise ConfigError(["the file is not UTF-8 text; is it really a YAML config?"], source=path) from None
     except yaml.YAMLError as e:
@@ -546,12 +566,63 @@ def read_yaml(path):
     return raw
 
 
-def _refuse_duplicate_keys(text, path):
+def parse_yaml(text, source=None):
+    """`yaml.safe_load(text)`, after checking the node tree it composes (nothing constructed yet): aliases must not
+    expand it beyond MAX_YAML_VALUES values (nine levels of nine aliases are 387 million, which every later walk
+    of the config would visit) nor refer to themselves, and no mapping may hold a key twice. Each check visits
+    each distinct node once, so it costs the size of the text, not of the expansion."""
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is None:
+        return None
+    size = _expanded_size(root, source)
+    if size > MAX_YAML_VALUES:
+        raise ConfigError([f"its YAML aliases (*name) expand to more than {MAX_YAML_VALUES:,} values (a config holds "
+                           "a few hundred); write the values out, or use fewer aliases"], source=source)
+    _refuse_duplicate_keys(root, source)
+    return yaml.safe_load(text)
+
+
+def _children(node):
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _expanded_size(root, source):
+    """Values in the tree rooted at `root` with every alias expanded, counted up to a little past MAX_YAML_VALUES
+    (depth first, each distinct node once); a node that contains itself is refused."""
+    sizes, open_nodes, stack = {}, set(), [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            open_nodes.discard(key)
+            sizes[key] = min(1 + sum(sizes[id(c)] for c in _children(node)), MAX_YAML_VALUES + 1)
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:  # an ancestor of itself: `&a [*a]`
+            mark = node.start_mark
+            raise ConfigError([f"the YAML alias at line {mark.line + 1} refers to a value that contains it; write "
+                               "the value out"], source=source)
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def _refuse_duplicate_keys(root, path):
     """YAML lets a mapping hold a key twice and keeps the last one; a config that sets `epochs:` twice almost
-    always means one of them is a mistake. Checked on the node tree (`yaml.compose`: nothing is constructed)."""
-    stack = [(yaml.compose(text, Loader=yaml.SafeLoader), "")]
+    always means one of them is a mistake. Checked on the node tree, each distinct node once (an alias is the
+    node it names: checked where it is defined)."""
+    stack, seen_nodes = [(root, "")], set()
     while stack:
         node, prefix = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
         if isinstance(node, yaml.MappingNode):
             seen = {}
             for key, value in node.value:

@@ -9,20 +9,21 @@ decides and writes; the decision is broadcast so every rank does the same thing.
 import logging
 import logging.handlers
 import os
+import sys
 import time
 
 import yaml
 
 from compress.data.imagefolder import listed_once
 from compress.errors import CompressError, InputError, Interrupted, StageFailed
-from compress.fileio import sha256_file
+from compress.fileio import SafeFormatter, open_append, sha256_file
 from compress.run import preflight, schema
 from compress.run.config import ConfigView, load_config, read_yaml
 from compress.run.context import StageContext
 from compress.run.contract import DIGESTS, StageResult
 from compress.run.report import write_report
 from compress.run.rundir import RunDir, RunLock, lock_holder, now, versions
-from compress.run.state import StageState, config_drift, decide, missing_upstream, stage_states
+from compress.run.state import StageState, checkpoint_rel, config_drift, decide, missing_upstream, stage_states
 from compress.training import distributed as dist
 from compress.training import interrupt
 from stages import STAGES
@@ -78,7 +79,8 @@ class _RunLog:
     def __init__(self, run, env):
         self.run, self.env, self.file = run, env, None
         self.held = logging.handlers.MemoryHandler(capacity=1_000_000, flushLevel=logging.CRITICAL + 1)
-        self.held.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        # escaped like the terminal's lines: names read from files reach log.txt too, and `cat log.txt` shows it
+        self.held.setFormatter(SafeFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
 
     def __enter__(self):
         if self.env.is_main:
@@ -94,7 +96,7 @@ class _RunLog:
     def begin(self):
         """A stage is about to write: from now on the lines go to log.txt."""
         if self.env.is_main and self.file is None:
-            self.file = logging.FileHandler(self.run.path("log.txt"), encoding="utf-8")
+            self.file = _LogFile(open_append(self.run.path("log.txt"), "run log"))
             self.file.setFormatter(self.held.formatter)
             self.held.setTarget(self.file)
             self.held.flush()
@@ -111,6 +113,22 @@ class _RunLog:
             self.file.close()
         self.held.setTarget(None)
         self.held.close()
+
+
+class _LogFile(logging.StreamHandler):
+    """log.txt, opened by `open_append` (a pipe or a folder in its place is refused, never waited on). A line the
+    disk refuses (full, gone read-only) is dropped with one warning on the terminal, not logging's traceback per
+    line: the stage's own write then fails with the sentence that names the file."""
+
+    def handleError(self, record):
+        if self.stream is not None:
+            self.stream = None  # before the warning: it comes back through this handler, which now skips it
+            log.warning("log.txt cannot be written any more (%s); its lines from here on are shown only here",
+                        sys.exc_info()[1])
+
+    def emit(self, record):
+        if self.stream is not None:
+            super().emit(record)
 
 
 def _report_quietly(run):
@@ -186,6 +204,9 @@ def check_run_dir(run, cfg, stage_names, writing=True):
     write to), a corrupt manifest, and a stage whose input neither the directory holds nor an earlier stage of this
     run writes."""
     run.check_usable(writing)
+    for name in stage_names:  # a folder where a stage's file goes would fail it after its work, not now
+        run.check_files([*STAGES[name].OUTPUTS.values(), *(checkpoint_rel(name, part)
+                                                           for part in getattr(STAGES[name], "PARTS", ()))])
     holder = _held_elsewhere(run) if writing else ""
     if holder:  # before the stages are read: one still running looks unfinished ("run the qat stage first")
         raise InputError(_busy_message(holder, run))
@@ -289,7 +310,10 @@ def _run_stage(run, cfg, env, spec, stage_state, writer):
         if env.is_main and state.begun:
             status = "interrupted" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "failed"
             message = str(e) if isinstance(e, CompressError) else f"{e.__class__.__name__}: {e}"
-            run.update_stage(name, status=status, finished=now(), message=message, seconds=state.seconds())
+            try:
+                run.update_stage(name, status=status, finished=now(), message=message, seconds=state.seconds())
+            except CompressError as unrecorded:  # the disk that failed the stage refuses this too: its error counts
+                log.debug("the stage's end is not recorded: %s", unrecorded)
         raise
     state.begin()  # no-op when the stage called it, as stages do
     if env.is_main:

@@ -17,14 +17,19 @@ import os
 import platform
 import re
 import socket
+import stat
 
 from compress.errors import InputError
-from compress.fileio import atomic_write_json, atomic_write_text, links_under, read_json
+from compress.fileio import atomic_write_json, atomic_write_text, read_json, strange_entries
 
 MANIFEST_FORMAT = "compress-run/1"
 STATUSES = ("running", "complete", "failed", "interrupted")
 LOCK_NAME = ".lock"
+RUN_FILES = ("config.yaml", "manifest.json", "log.txt", "report.md", "report.json", "report.png", LOCK_NAME)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# metrics whose names say they are numbers (the report and `show` format them as such): a number or null
+_NUMERIC_METRIC = re.compile(r"(acc|loss|params|bytes|speedup|epochs|_p|points|per_s|drop|ratio|agreement|diff|"
+                             r"within_tie|_right|images|seconds|timing|_weight|temperature|views)$")
 
 
 class RunDir:
@@ -61,12 +66,25 @@ class RunDir:
             if entries and not os.path.lexists(self.manifest_path):
                 raise InputError(f"run directory '{self.root}' is not empty and is not a compress run (no "
                                  "manifest.json); choose an empty or new folder with --run-dir")
-            links = links_under(self.root)
-            if links:
-                raise InputError(f"run directory '{self.root}' contains a symbolic link ({links[0]}); compress does "
-                                 "not write through links - replace it with a real file or folder")
+            strange = strange_entries(self.root)
+            if strange and strange[0][1] == "a symbolic link":
+                raise InputError(f"run directory '{self.root}' contains a symbolic link ({strange[0][0]}); compress "
+                                 "does not write through links - replace it with a real file or folder")
+            if strange:  # a pipe would block the read or the write (`compress show` too), a device worse
+                rel, kind = strange[0]
+                raise InputError(f"run directory '{self.root}' contains {kind}, {rel}, where compress keeps only files "
+                                 "and folders; remove it and rerun")
+            self.check_files(RUN_FILES)
         if writing:
             self.check_writable()
+
+    def check_files(self, rels):
+        """Refuse a folder where one of the run-relative files `rels` goes (compress would fail to write it after
+        the work that makes it)."""
+        for rel in rels:
+            if os.path.isdir(self.path(rel)):
+                raise InputError(f"run directory '{self.root}' has a folder where its file {rel} goes; move the folder "
+                                 "away and rerun")
 
     def check_writable(self):
         parent = self.root
@@ -138,6 +156,10 @@ def manifest_problem(data):
                 return f"stage '{name}' has a malformed \"{key}\""
         if entry.get("status") == "complete" and not isinstance(entry.get("metrics"), dict):
             return f"stage '{name}' is complete but has no metrics"
+        for key, value in (entry.get("metrics") or {}).items():
+            if _NUMERIC_METRIC.search(str(key)) and value is not None and (
+                    not isinstance(value, (int, float)) or isinstance(value, bool)):
+                return f"stage '{name}' has a metric \"{key}\" that is not a number ({type(value).__name__})"
     return None
 
 
@@ -171,11 +193,17 @@ class RunLock:
 
     def _open(self):
         try:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as e:  # a read-only mount (root passes every permission check), .lock not a file
             raise InputError(f"cannot write to run directory '{os.path.dirname(self.path)}' ({e.strerror}: "
                              f"{self.path}); use another run directory, or make it writable - `compress show` and "
                              "`compress predict` only read it") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe: flock and the holder's note need a file
+            os.close(fd)
+            raise InputError(f"the run directory's lock file {self.path} is not a regular file (a pipe or device); "
+                             "remove it and rerun")
+        os.set_blocking(fd, True)
+        return fd
 
     def acquire(self):
         import fcntl
@@ -240,11 +268,13 @@ def lock_holder(run):
     launcher holds it for them."""
     import fcntl
 
-    try:
-        fd = os.open(run.path(LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW)
+    try:  # O_NONBLOCK: a pipe planted as .lock would block a plain open until a writer came
+        fd = os.open(run.path(LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return ""
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # nobody's lock: `compress run` refuses it
+            return ""
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as e:
         return _describe(_read_holder(fd)) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else ""

@@ -214,8 +214,16 @@ def resume_state_problem(state, epochs=None, steps_per_epoch=None):
     for key in ("config_hash",):
         if not isinstance(state.get(key), str):
             return f"'{key}' is missing"
-    if not isinstance(state.get("inputs", {}), dict):
-        return "'inputs' is not a mapping"
+    inputs = state.get("inputs", {})
+    if not isinstance(inputs, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in inputs.items()):
+        return "'inputs' is not a mapping of file names to sha256"
+    for key, types, what in (("extra", dict, "a mapping"), ("result_hash", str, "a string"),
+                             ("world_size", int, "a whole number")):
+        value = state.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            return f"'{key}' is {type(value).__name__}, not {what}"
+    if state.get("world_size") is not None and state["world_size"] < 1:
+        return f"'world_size' is {state['world_size']}, not a number of processes"
     return None
 
 
