@@ -90,7 +90,8 @@ def test_a_damaged_chunk_is_decoded_again_never_used(tmp_path):
 
 def test_a_forged_chunk_with_its_own_hashes_rewritten_is_found_by_the_recorded_digest(tmp_path):
     """A chunk rewritten with other pixels and its header's hashes updated to match checks itself fine; the
-    digest pixels.json recorded when the chunk was written does not match it."""
+    digest pixels.json recorded when the chunk was written does not match it. A chunk pixels.json does not
+    record at all (the build that wrote it was stopped before recording it) is not trusted either."""
     from safetensors.torch import load
 
     from compress.training.checkpoint import serialize, tensor_sha256
@@ -107,16 +108,23 @@ def test_a_forged_chunk_with_its_own_hashes_rewritten_is_found_by_the_recorded_d
     open(chunk, "wb").write(serialize(tensors, meta))
     again = cached_set(files, place)
     assert "damaged chunk(s)" in again.how and torch.equal(again.source(0), good)
+    index = os.path.join(os.path.dirname(chunk), "pixels.json")
+    recorded = json.loads(open(index).read())
+    recorded["chunks"] = {}
+    open(index, "w").write(json.dumps(recorded))
+    assert "damaged chunk(s)" in cached_set(files, place).how
 
 
-def test_every_unreadable_image_is_named_in_one_error_and_nothing_is_recorded(tmp_path):
+def test_every_unreadable_image_is_named_in_one_error_and_their_chunk_is_not_kept(tmp_path):
     files = photos(tmp_path / "img", [(50, 70)] * 4)
     for i in (1, 3):
         open(files[i], "wb").write(b"<html>not an image</html>")
     with pytest.raises(InputError) as e:
         cached_set(files, pixels.Place(str(tmp_path / "cache"), DistEnv()))
     assert f"cannot read image '{files[1]}'" in str(e.value) and f"'{files[3]}'" in str(e.value)
-    assert not any(name == "pixels.json" for _, _, names in os.walk(tmp_path / "cache") for name in names)
+    (index,) = [os.path.join(d, n) for d, _, names in os.walk(tmp_path / "cache") for n in names if n == "pixels.json"]
+    recorded = json.loads(open(index).read())
+    assert recorded["complete"] is False and recorded["chunks"] == {}  # the chunk with the bad files is not kept
 
 
 def test_a_large_set_outside_a_run_says_what_fixes_decoding_every_batch(tmp_path):

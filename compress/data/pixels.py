@@ -12,12 +12,13 @@ images are for:
 
 Where the pixels live: in a run, on disk in `<run>/cache/pixels/<role>-<key>/` (or under `data.cache_dir`),
 in chunks of IMAGES_PER_CHUNK images, each a safetensors file (a flat uint8 tensor and the images' shapes);
-`pixels.json` records every chunk's sha256 when the last is written, and every open checks each chunk against
-it, so a damaged or altered chunk is rebuilt, never used. The key is the images (a fingerprint of the files:
-names, sizes, bytes) and the rule, so every stage of a run and every later run with the same images and sizes
-finds them. They are then read into memory when they fit `data.cache_mb`, else memory-mapped (the operating
-system's page cache holds what fits). All ranks decode chunks in parallel (round-robin, a thread per CPU);
-rank 0 writes them. Outside a run (the library called directly) they are decoded into memory when they fit.
+`pixels.json` records each chunk's sha256 as the chunk is written, and every open checks each chunk against it,
+so a damaged or altered chunk - or one pixels.json does not record - is decoded again, never used. The key is
+the images (a fingerprint of the files: names, sizes, bytes) and the rule, so every stage of a run and every
+later run with the same images and sizes finds them. They are then read into memory when they fit
+`data.cache_mb`, else memory-mapped (the operating system's page cache holds what fits). All ranks decode chunks
+in parallel (round-robin, a thread per CPU); rank 0 writes them. Outside a run (the library called directly)
+they are decoded into memory when they fit.
 """
 
 import dataclasses
@@ -193,8 +194,7 @@ class PixelCache:
         return {"missing": missing, "status": "build", "reason": "not decoded yet"}
 
     def _read_head(self):
-        """(Rank 0) the chunk files present and the digests pixels.json recorded ({} while a build is unfinished:
-        each chunk then checks itself against the hashes in its own header)."""
+        """(Rank 0) the chunk files present and the digests pixels.json recorded for them."""
         present = [c for c in range(self.spec.chunks) if os.path.isfile(self.chunk_path(c))]
         digests = {}
         if os.path.isfile(self.index_path):
@@ -209,7 +209,7 @@ class PixelCache:
         return {"present": present, "digests": digests}
 
     def _chunk_ok(self, c, digest):
-        """The chunk is whole and ours: its file's sha256 is the one pixels.json recorded (when it has), its
+        """The chunk is whole and ours: its file's sha256 is the one pixels.json recorded when it was written, its
         header names this cache and chunk, and its tensors hash to what the header says."""
         from safetensors import SafetensorError
         from safetensors.torch import load
@@ -219,7 +219,7 @@ class PixelCache:
         try:
             with open(self.chunk_path(c), "rb") as f:
                 data = f.read()
-            if digest is not None and hashlib.sha256(data).hexdigest() != digest:
+            if digest is None or hashlib.sha256(data).hexdigest() != digest:
                 return False
             tensors = load(data)
             meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
@@ -246,10 +246,10 @@ class PixelCache:
         from compress.training import distributed as dist
         from compress.training import interrupt
 
+        recorded = {}
         if env.is_main:
             os.makedirs(self.folder, exist_ok=True)
-            if os.path.exists(self.index_path):
-                os.unlink(self.index_path)  # recorded again, with every chunk, when the build is complete
+            recorded = self._read_head()["digests"]  # the chunks kept from an interrupted build
         dist.barrier(env)
         bad, threads = [], max(1, torch.get_num_threads())
         for first in range(0, len(missing), env.world):
@@ -267,31 +267,34 @@ class PixelCache:
                 c, flat, shapes, errors = _unpack(data)
                 bad += errors
                 if env.is_main and not errors:
-                    self._write_chunk(c, flat, shapes)
+                    recorded[os.path.basename(self.chunk_path(c))] = self._write_chunk(c, flat, shapes)
+            if env.is_main:  # after every round: no chunk is ever on disk without its digest recorded
+                self._write_index(recorded, complete=False)
         if bad:
             dist.raise_on_main(env, InputError(unreadable_sentence(sorted(bad), len(files))))
         if env.is_main:
-            self._write_index()
+            self._write_index(recorded, complete=True)
         dist.barrier(env)
 
     def _write_chunk(self, c, flat, shapes):
+        """Write chunk c; its file's sha256."""
         from compress.fileio import atomic_write_bytes
         from compress.training.checkpoint import serialize, tensor_sha256
 
         tensors = {"pixels": torch.from_numpy(flat), "shapes": torch.from_numpy(shapes)}
         meta = {"format": FORMAT, "cache": self.spec.key, "chunk": str(c),
                 "sha256": json.dumps({k: tensor_sha256(v) for k, v in tensors.items()}, sort_keys=True)}
-        atomic_write_bytes(self.chunk_path(c), serialize(tensors, meta))
+        data = serialize(tensors, meta)
+        atomic_write_bytes(self.chunk_path(c), data)
+        return hashlib.sha256(data).hexdigest()
 
-    def _write_index(self):
-        from compress.fileio import atomic_write_json, sha256_file
+    def _write_index(self, chunks, complete):
+        from compress.fileio import atomic_write_json
 
-        chunks = {os.path.basename(self.chunk_path(c)): sha256_file(self.chunk_path(c))
-                  for c in range(self.spec.chunks)}
-        atomic_write_json(self.index_path, {"format": FORMAT, "key": self.spec.key,
-                                            "spec": dataclasses.asdict(self.spec), "chunks": chunks,
-                                            "bytes": sum(os.path.getsize(self.chunk_path(c))
-                                                         for c in range(self.spec.chunks))})
+        size = sum(os.path.getsize(self.chunk_path(c)) for c in range(self.spec.chunks)) if complete else None
+        atomic_write_json(self.index_path, {"format": FORMAT, "key": self.spec.key, "complete": complete,
+                                            "spec": dataclasses.asdict(self.spec),
+                                            "chunks": dict(sorted(chunks.items())), "bytes": size})
 
     def open(self, budget):
         """The cached pixels: read into memory when they fit `budget` bytes, else memory-mapped."""
