@@ -6,7 +6,7 @@ import os
 
 import click
 
-from compress.cli.base import cli, debug_option
+from compress.cli.base import cli, debug_option, echo
 from compress.cpus import usable_cpus
 from compress.deploy.runtimes import FIRST, RUNTIMES, bench_help
 from compress.errors import EXIT_BAD_INPUT
@@ -30,7 +30,7 @@ def _model(path):
 
     file, note = deployed_file(path)
     if note:
-        click.echo(f"using {note}", err=True)
+        echo(f"using {note}", err=True)
         _warn_if_unverified(run_of(path), file)
     return OnnxModel(file)
 
@@ -54,15 +54,15 @@ def _warn_if_unverified(run_dir, *files):
         return
     fix = f"`compress run --run-dir {run_dir}` brings the run up to date (it skips what already is)"
     if state == "invalidated":
-        click.echo(f"warning: export is stale ({detail}): these files were made before that; {fix}", err=True)
+        echo(f"warning: export is stale ({detail}): these files were made before that; {fix}", err=True)
     elif state == "failed":
-        click.echo(f"warning: the last export failed ({detail.split(';')[0]}): its files are kept for inspection, "
+        echo(f"warning: the last export failed ({detail.split(';')[0]}): its files are kept for inspection, "
                    f"not verified for deployment; {fix}", err=True)
     elif state != "complete":  # interrupted or killed part-way: some files may be rewritten, others older
-        click.echo(f"warning: the last export did not finish ({state}): its files may be partly from an earlier "
+        echo(f"warning: the last export did not finish ({state}): its files may be partly from an earlier "
                    f"export; {fix}", err=True)
     elif changed:
-        click.echo(f"warning: {' and '.join(changed)} changed after export wrote and checked "
+        echo(f"warning: {' and '.join(changed)} changed after export wrote and checked "
                    f"{'them' if len(changed) > 1 else 'it'}; {fix}", err=True)
 
 
@@ -85,7 +85,7 @@ def _warn_if_training_images(model, root):
     train, held_out = split_folders(trained)
     trained = train if train and held_out else (train or trained)
     if os.path.isdir(trained) and os.path.realpath(root) == os.path.realpath(trained):
-        click.echo(f"warning: '{root}' holds the images this model was trained on (data.root of {run}): the "
+        echo(f"warning: '{root}' holds the images this model was trained on (data.root of {run}): the "
                    "accuracy below is not a held-out one; evaluate on images it has not seen", err=True)
 
 
@@ -125,18 +125,18 @@ def predict(model, images, top_k, as_json):
     for path, top, error in predict_files(onnx_model, paths, top_k):
         if error:
             skipped += 1
-            click.echo(f"skipped: {error}", err=True)
+            echo(f"skipped: {error}", err=True)
             if as_json:  # in the JSON too, where a script looks
                 results.append({"image": path, "error": error})
             continue
         if as_json:
             results.append({"image": path, "top": [{"class": c, "probability": round(p, 6)} for c, p in top]})
         else:
-            click.echo(f"{path}: " + ", ".join(f"{c} ({p:.1%})" for c, p in top))
+            echo(f"{path}: " + ", ".join(f"{c} ({p:.1%})" for c, p in top))
     if as_json:
-        click.echo(json.dumps(results, indent=2))
+        echo(json.dumps(results, indent=2))
     if skipped:
-        click.echo(f"error: {skipped} of {len(paths)} image(s) could not be read (listed above)", err=True)
+        echo(f"error: {skipped} of {len(paths)} image(s) could not be read (listed above)", err=True)
         click.get_current_context().exit(EXIT_BAD_INPUT)
 
 
@@ -171,34 +171,34 @@ def eval_cmd(model, folder, png, as_json):
     _warn_if_training_images(model, root)
     result = evaluate_tree(onnx_model, samples)
     for path, error in result["skipped"]:
-        click.echo(f"skipped: {error}", err=True)
+        echo(f"skipped: {error}", err=True)
     if png:
         confusion_png(result, names, png)
     if as_json:
-        click.echo(json.dumps({**result, "folder": root, "model": onnx_model.path}, indent=2))
+        echo(json.dumps({**result, "folder": root, "model": onnx_model.path}, indent=2))
     else:
         _print_eval(result, names, root, onnx_model.path, png)
     if result["skipped"]:
-        click.echo(f"error: {len(result['skipped'])} image(s) could not be read (listed above)", err=True)
+        echo(f"error: {len(result['skipped'])} image(s) could not be read (listed above)", err=True)
         click.get_current_context().exit(EXIT_BAD_INPUT)
 
 
 def _print_eval(result, names, root, model_path, png):
-    click.echo(f"{model_path} on {root}: {result['images']:,} images")
+    echo(f"{model_path} on {root}: {result['images']:,} images")
     five = f"   top-5 {result['top5']:.2f}%" if len(names) > 5 else ""  # 100 % by definition with 5 classes or fewer
-    click.echo(f"top-1 {result['top1']:.2f}%{five}")
+    echo(f"top-1 {result['top1']:.2f}%{five}")
     width = max(len(n) for n in names)
-    click.echo("\nper class:")
+    echo("\nper class:")
     for name, (acc, count) in result["per_class"].items():
         if count:
-            click.echo(f"  {name:{width}}  {acc:6.2f}%  of {count:,}")
+            echo(f"  {name:{width}}  {acc:6.2f}%  of {count:,}")
     cols = [n[:5] for n in names]
-    click.echo("\nconfusion (rows: true class, columns: predicted)")
-    click.echo(" " * (width + 2) + " ".join(f"{c:>5}" for c in cols))
+    echo("\nconfusion (rows: true class, columns: predicted)")
+    echo(" " * (width + 2) + " ".join(f"{c:>5}" for c in cols))
     for name, row in zip(names, result["confusion"]):
-        click.echo(f"  {name:{width}}" + " ".join(f"{v:>5}" for v in row))
+        echo(f"  {name:{width}}" + " ".join(f"{v:>5}" for v in row))
     if png:
-        click.echo(f"\nconfusion matrix drawn in {png}")
+        echo(f"\nconfusion matrix drawn in {png}")
 
 
 @cli.command()
@@ -248,7 +248,7 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
     warmup = next(w for w in (warmup, settings[2], 5) if w is not None)
     busy = busy_elsewhere()
     if busy is not None and busy >= 0.5:  # said once, as the report says it
-        click.echo(f"note: other processes kept {busy:.1f} of this machine's {usable_cpus()} usable CPUs busy as the "
+        echo(f"note: other processes kept {busy:.1f} of this machine's {usable_cpus()} usable CPUs busy as the "
                    "timing began: these figures are noisy; time again on a quiet machine", err=True)
     names = dict(zip("ABCDEFGH", models))
     tables = latency_tables(names, batches, thread_list, repeats, warmup, runtime=runtime)
@@ -256,7 +256,7 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
            f"fastest; a round runs a file up to {protocol().round_s:g} s or {repeats} times, after {warmup} "
            "warm-up runs")
     if as_json:
-        click.echo(json.dumps({"runtime": runtime, "protocol": dataclasses.asdict(protocol(repeats, warmup)),
+        echo(json.dumps({"runtime": runtime, "protocol": dataclasses.asdict(protocol(repeats, warmup)),
                                "cpus_busy": busy, "files": [{"label": k, "path": str(p), "cells": tables[k]}
                                                             for k, p in names.items()]}, indent=2))
     elif len(names) == 1:
@@ -281,21 +281,21 @@ def _run_files(path):
 
 
 def _print_one(path, cells, how):
-    click.echo(f"{path} ({how})")
-    click.echo(f"{'batch':>6} {'threads':>8} {'ms':>10} {'images/s':>12}")
+    echo(f"{path} ({how})")
+    echo(f"{'batch':>6} {'threads':>8} {'ms':>10} {'images/s':>12}")
     for c in cells:
-        click.echo(f"{c['batch']:>6} {c['threads']:>8} {c['ms']:>10.3f} {c['images_per_s']:>12,.0f}")
+        echo(f"{c['batch']:>6} {c['threads']:>8} {c['ms']:>10.3f} {c['images_per_s']:>12,.0f}")
 
 
 def _print_compared(names, tables, how):
     from compress.deploy.latency import speedup_text
 
     for label, path in names.items():
-        click.echo(f"{label} = {path}")
-    click.echo(f"({how})")
-    click.echo(f"{'batch':>6} {'threads':>8} " + " ".join(f"{label + ' ms':>10}" for label in names) + "  vs A")
+        echo(f"{label} = {path}")
+    echo(f"({how})")
+    echo(f"{'batch':>6} {'threads':>8} " + " ".join(f"{label + ' ms':>10}" for label in names) + "  vs A")
     for i, first in enumerate(tables["A"]):
         row = {label: tables[label][i]["ms"] for label in names}
         against = ", ".join(f"{label} is {speedup_text(row['A'] / ms)}" for label, ms in row.items() if label != "A")
-        click.echo(f"{first['batch']:>6} {first['threads']:>8} " + " ".join(f"{ms:>10.3f}" for ms in row.values())
+        echo(f"{first['batch']:>6} {first['threads']:>8} " + " ".join(f"{ms:>10.3f}" for ms in row.values())
                    + f"  {against} than A")

@@ -4,7 +4,7 @@ import os
 
 import click
 
-from compress.cli.base import cli, debug_option
+from compress.cli.base import cli, debug_option, echo
 
 DEFAULT_RUN = "artifacts/default"
 
@@ -43,7 +43,7 @@ def show(run_dir):
     manifest = run.manifest()
     states = stage_states(run, STAGES, manifest)
     holder = lock_holder(run)
-    click.echo(f"run {run.root}" + (f" (another compress run is using it now: {holder})" if holder else ""))
+    echo(f"run {run.root}" + (f" (another compress run is using it now: {holder})" if holder else ""))
     for name in STAGES:
         state, detail = states[name]
         entry = manifest["stages"].get(name) or {}
@@ -52,13 +52,13 @@ def show(run_dir):
         line = f"{name:8} {state}" + (f" ({detail})" if detail else "")
         if entry.get("seconds") is not None and state != "not run":
             line += f"  {entry['seconds']:.1f}s, {entry.get('world_size', 1)} process(es)"
-        click.echo(line)
+        echo(line)
         metrics = entry.get("metrics") or {}
         shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if shown and state in ("complete", "invalidated"):
-            click.echo("         " + ", ".join(f"{k} {_short(v)}" for k, v in list(shown.items())[:6]))
+            echo("         " + ", ".join(f"{k} {_short(v)}" for k, v in list(shown.items())[:6]))
         for rel, sha in (entry.get("outputs") or {}).items():
-            click.echo(f"         {file_check(run, rel, sha):9} {rel}")
+            echo(f"         {file_check(run, rel, sha):9} {rel}")
     _show_results(run, STAGES, states)
 
 
@@ -71,12 +71,12 @@ def _show_results(run, stages, states):
 
     rows, notes = build_rows(run, stages)
     if rows:
-        click.echo("")
+        echo("")
         for line in text_table(rows):
-            click.echo(f"  {line}")
+            echo(f"  {line}")
     for note in notes:
         if "damaged" in note:
-            click.echo(f"  {note}")
+            echo(f"  {note}")
     state = states.get("export", ("",))[0]
     if state not in ("complete", "invalidated", "failed"):
         return
@@ -84,10 +84,10 @@ def _show_results(run, stages, states):
         verdict = export_report.read(run.root, "verdict")
         export_report.deployment_file(run.root, verdict.file, "verdict.file")
     except CompressError as error:
-        click.echo(f"deploy: cannot tell - {error}")
+        echo(f"deploy: cannot tell - {error}")
         return
     said = "deploy" if state == "complete" else f"deploy (the verdict of an export now {state})"
-    click.echo(f"{said} export/{verdict.file}: {verdict.why}")
+    echo(f"{said} export/{verdict.file}: {verdict.why}")
 
 
 def _short(value):
@@ -111,7 +111,7 @@ def report(run_dir):
 
     run = _existing_run(run_dir)
     with RunLock(run):
-        click.echo(markdown_table(write_report(run, STAGES)))
+        echo(markdown_table(write_report(run, STAGES)))
     for note in build_rows(run, STAGES)[1]:
-        click.echo(f"- {note}")
-    click.echo(f"report: {run.path('report.md')}")
+        echo(f"- {note}")
+    echo(f"report: {run.path('report.md')}")

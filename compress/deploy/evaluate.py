@@ -10,6 +10,7 @@ import numpy as np
 from compress.deploy import export_report
 from compress.deploy.folders import class_folders, skipped, split_folders
 from compress.errors import InputError
+from compress.fileio import walk_tree
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -61,11 +62,9 @@ def image_paths(arguments):
     found = []
     for arg in arguments:
         arg = os.path.expanduser(arg)
-        if os.path.isdir(arg):
-            for folder, dirs, files in os.walk(arg):
-                dirs[:] = sorted(d for d in dirs if not skipped(d))
-                found.extend(os.path.join(folder, f) for f in sorted(files)
-                             if f.lower().endswith(IMAGE_SUFFIXES) and not skipped(f))
+        if os.path.isdir(arg):  # one bounded walk: a link loop inside the folder is read once
+            for folder, files in walk_tree(arg, skip=skipped):
+                found.extend(os.path.join(folder, f) for f in files if f.lower().endswith(IMAGE_SUFFIXES))
         elif any(c in arg for c in "*?[") and not os.path.exists(arg):
             matches = sorted(glob.glob(arg, recursive=True))
             if not matches:
