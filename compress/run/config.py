@@ -191,6 +191,9 @@ class OptimConfig:
     nesterov: bool = _f(False, "SGD: Nesterov momentum")
     label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy on labels")
     weight_decay: float = _f(0.0, "weight decay")
+    norm_weight_decay: Optional[float] = _f(None, "weight decay of the 1-D parameters (normalisation layers' scales "
+                                                  "and shifts, biases); null: weight_decay. 0 is the usual choice "
+                                                  "with adamw's larger decay (torchvision's --norm-weight-decay)")
     schedule: Literal["cosine", "step", "constant"] = _f("cosine", "learning-rate schedule, stepped every batch")
     warmup_epochs: float = _f(0.0, "linear learning-rate warm-up from 0 over this many epochs, then the schedule")
     step_size: int = _f(1, "step schedule: epochs between decays")
@@ -208,6 +211,8 @@ class OptimConfig:
             (not 0 < self.lr <= 1e4, f"lr: must be in (0, 10000], got {self.lr}"),
             (not 0 <= self.momentum < 1, f"momentum: must be in [0, 1), got {self.momentum}"),
             (outside(self.weight_decay, 0, 10), f"weight_decay: must be between 0 and 10, got {self.weight_decay}"),
+            (outside(self.norm_weight_decay, 0, 10),
+             f"norm_weight_decay: must be between 0 and 10, or null, got {self.norm_weight_decay}"),
             between("step_size", self.step_size, 1, 100_000),
             (not 0 <= self.label_smoothing < 1, f"label_smoothing: must be in [0, 1), got {self.label_smoothing}"),
             (self.epochs > 0 and not 0 <= self.warmup_epochs <= self.epochs,
@@ -670,15 +675,17 @@ def section_hash(cfg, keys):
 
 
 NO_RESULT = ("cache_mb", "cache_dir", "download")  # how images are held or fetched, never which they are
+AS_BEFORE_WHEN_NULL = ("norm_weight_decay",)  # training keys whose null reproduces what ran before they existed
 COVERED_BY_LISTING = ("val_fraction", "split_seed", "limit")  # an image folder's listing digest holds their effect
 
 
 def result_hash(cfg, keys, images_followed):
-    """A hash of the stage's config slice as far as it can change the stage's result: without data.cache_mb and
-    data.download, data.root and data.unlabeled as the folders they name (a trailing slash, a relative path or a
-    link to the same folder is the same folder), data.flip's default as it resolves, and - where the images'
-    listing digest is an input (`images_followed`) - without the keys whose effect that digest already holds.
-    Recorded beside `section_hash`: a completed stage whose config differs only in these is up to date."""
+    """A hash of the stage's config slice as far as it can change the stage's result: without data.cache_mb,
+    data.cache_dir and data.download, without the keys of AS_BEFORE_WHEN_NULL left at null, data.root and
+    data.unlabeled as the folders they name (a trailing slash, a relative path or a link to the same folder is
+    the same folder), data.flip's default as it resolves, and - where the images' listing digest is an input
+    (`images_followed`) - without the keys whose effect that digest already holds. Recorded beside
+    `section_hash`: a completed stage whose config differs only in these is up to date."""
     blob = json.dumps(as_it_counts(config_slice(cfg, keys), images_followed), sort_keys=True, allow_nan=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -686,6 +693,11 @@ def result_hash(cfg, keys, images_followed):
 def as_it_counts(picked, images_followed):
     """A config slice (`config_slice`) as far as it can change a stage's result (see `result_hash`); a copy."""
     picked = copy.deepcopy(picked)
+    for section in picked.values():
+        if isinstance(section, dict):
+            for key in AS_BEFORE_WHEN_NULL:
+                if key in section and section[key] is None:
+                    section.pop(key)
     data = picked.get("data")
     if isinstance(data, dict):
         for key in NO_RESULT + (COVERED_BY_LISTING if images_followed and data.get("name") == "imagefolder" else ()):

@@ -9,7 +9,13 @@ SCHEDULES = ("cosine", "step", "constant")
 
 
 def build_optimizer(params, ocfg):
+    """The stage's optimizer; with `norm_weight_decay` set, the 1-D parameters (normalisation scales and shifts,
+    biases) decay by it instead of `weight_decay`."""
     params = [p for p in params if p.requires_grad]
+    norm_decay = getattr(ocfg, "norm_weight_decay", None)
+    if norm_decay is not None:
+        params = [{"params": [p for p in params if p.ndim > 1]},
+                  {"params": [p for p in params if p.ndim <= 1], "weight_decay": norm_decay}]
     if ocfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=ocfg.lr, momentum=ocfg.momentum, weight_decay=ocfg.weight_decay,
                                nesterov=ocfg.nesterov and ocfg.momentum > 0)
