@@ -228,15 +228,14 @@ def models_cmd():
       compress models
     """
     from compress.data.registry import DATASETS
-    from compress.models.registry import DESCRIPTIONS
+    from compress.models.registry import DESCRIPTIONS, SOURCES
 
     echo("models:")
     for name, text in DESCRIPTIONS.items():
         echo(f"  {name:26} {text}")
-    echo(f"  {'torchvision:<builder>':26} any torchvision classification model, e.g. torchvision:resnet50 "
-               "(first conv and classifier adapted to your channels and classes; weights: model.*_weights)")
-    echo(f"  {'<module>:<function>':26} your own code: called with the keyword arguments it names of "
-               "num_classes, in_channels, image_size; returns an nn.Module")
+    for key, source in SOURCES.items():
+        if key != "registry":  # its names are the ones above
+            echo(f"  {source.syntax:26} {source.summary}")
     echo("datasets: " + ", ".join(DATASETS))
 
 

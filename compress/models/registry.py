@@ -71,10 +71,13 @@ SOURCES = {
     "registry": Source("<name>", "a model of compress's registry (`compress models`)",
                        lambda n: ":" not in n, lambda n, c, s, k: MODELS[n](c, s, k),
                        lambda n: None if n in MODELS else _registry_problem(n)),
-    "torchvision": Source("torchvision:<builder>", "any torchvision classification builder (resnet50, ...)",
+    "torchvision": Source("torchvision:<builder>", "any torchvision classification model, e.g. torchvision:resnet50 "
+                                                   "(first conv and classifier adapted to your channels and classes; "
+                                                   "ImageNet weights: model.*_weights=pretrained)",
                           lambda n: n.startswith(sources.TORCHVISION), sources.build_torchvision,
                           sources.torchvision_problem),
-    "code": Source("<module>:<function>", "your own code: function(num_classes=, in_channels=, image_size=)",
+    "code": Source("<module>:<function>", "your own code: called with the keyword arguments it names of "
+                                          "num_classes, in_channels, image_size; returns an nn.Module",
                    lambda n: ":" in n, sources.build_user_model, sources.user_code_problem),
 }
 

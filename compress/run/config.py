@@ -27,6 +27,7 @@ from compress.distill.logit_losses import LOGIT_LOSSES
 from compress.errors import ConfigError, InputError
 from compress.fileio import read_bytes
 from compress.run import schema
+from compress.run.contract import LEFT_OUT
 from compress.run.schema import problems_if
 
 DATASET_NAMES = tuple(DATASETS)
@@ -652,16 +653,16 @@ def config_slice(cfg, keys):
     if isinstance(cfg, ConfigView):  # a stage's view: only keys it may read (the read raises if not), then whole
         assert object.__getattribute__(cfg, "_path") == "", "a slice of the whole config's view only"
         for key in keys:
-            if not key.startswith("-"):
+            if not key.startswith(LEFT_OUT):
                 functools.reduce(getattr, key.split("."), cfg)
         cfg = object.__getattribute__(cfg, "_cfg")
     whole = schema.to_dict(cfg)
-    picked = {key: copy.deepcopy(schema.get_path(whole, key)) for key in keys if not key.startswith("-")}
+    picked = {key: copy.deepcopy(schema.get_path(whole, key)) for key in keys if not key.startswith(LEFT_OUT)}
     for key in keys:
-        if key.startswith("-"):
-            parent = next(k for k in picked if key[1:].startswith(k + "."))
+        if key.startswith(LEFT_OUT):
+            parent = next(k for k in picked if key[len(LEFT_OUT):].startswith(k + "."))
             node = picked[parent]
-            parts = key[1 + len(parent) + 1:].split(".")
+            parts = key[len(LEFT_OUT) + len(parent) + 1:].split(".")
             for part in parts[:-1]:
                 node = node[part]
             node.pop(parts[-1])
@@ -734,8 +735,8 @@ class ConfigView:
 
     def __getattr__(self, name):
         full = f"{self._path}.{name}" if self._path else name
-        keys = tuple(k for k in self._keys if not k.startswith("-")) + self.ALWAYS
-        excluded = tuple(k[1:] for k in self._keys if k.startswith("-"))
+        keys = tuple(k for k in self._keys if not k.startswith(LEFT_OUT)) + self.ALWAYS
+        excluded = tuple(k[len(LEFT_OUT):] for k in self._keys if k.startswith(LEFT_OUT))
         whole = any(full == k or full.startswith(k + ".") for k in keys)
         if any(full == k or full.startswith(k + ".") for k in excluded) or not (
                 whole or any(k.startswith(full + ".") for k in keys)):

@@ -20,7 +20,7 @@ from compress.fileio import SafeFormatter, open_append, sha256_file
 from compress.run import preflight, schema
 from compress.run.config import ConfigView, load_config, read_yaml
 from compress.run.context import StageContext
-from compress.run.contract import DIGESTS, StageResult
+from compress.run.contract import DIGESTS, LEFT_OUT, StageResult
 from compress.run.report import write_report
 from compress.run.rundir import RunDir, RunLock, lock_holder, now, versions
 from compress.run.state import StageState, checkpoint_rel, config_drift, decide, missing_upstream, stage_states
@@ -253,7 +253,7 @@ class _ConfigWriter:
             self.raw = new
         else:
             for key in (*spec.CONFIG_KEYS, "train"):
-                if not key.startswith("-"):
+                if not key.startswith(LEFT_OUT):
                     schema.set_path(self.raw, key, schema.get_path(new, key))
         self.run.write_config(yaml.safe_dump(self.raw, sort_keys=False))
 

@@ -17,7 +17,7 @@ from typing import Optional
 from compress.errors import CompressError, InputError
 from compress.fileio import sha256_file
 from compress.run.config import ConfigView, as_it_counts, config_slice, result_hash, section_hash
-from compress.run.contract import DIGESTS, EXTERNAL, Code, File, Images
+from compress.run.contract import CODE_DIGEST, DIGESTS, EXTERNAL, IMAGES_DIGEST, Code, File, Images
 
 log = logging.getLogger(__name__)
 
@@ -306,9 +306,9 @@ def _changes(run, entry, decision):
         return f"config changed ({', '.join(keys[:4]) or 'config'})"
     for rel, sha in _as_recorded(decision["inputs"], entry.get("inputs", {})).items():
         if entry.get("inputs", {}).get(rel) != sha:
-            if rel.startswith(DIGESTS[0]):
+            if rel.startswith(IMAGES_DIGEST):
                 return f"the {rel.removeprefix(EXTERNAL)} changed (images added, removed, renamed, moved or replaced)"
-            if rel.startswith(DIGESTS[1]):
+            if rel.startswith(CODE_DIGEST):
                 return f"the {rel.removeprefix(EXTERNAL)} changed"
             return f"its input {rel.removeprefix(EXTERNAL)} changed"
     for rel in entry.get("inputs", {}):  # an optional input it used is gone or unusable now
@@ -341,7 +341,7 @@ def config_drift(run, cfg, stages, names):
 
 def _images_followed(inputs):
     """Whether a stage's inputs hold data.root's listing digest (an image folder's split keys then count through it)."""
-    return f"{DIGESTS[0]} data.root" in inputs
+    return f"{IMAGES_DIGEST} data.root" in inputs
 
 
 def _keys_that_count(old, new, followed):
