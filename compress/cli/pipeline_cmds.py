@@ -24,7 +24,7 @@ def parse_stages(value):
 
 
 def resolve_run_dir(run_dir, name, config_path):
-    if run_dir and name:  # was: --name silently ignored
+    if run_dir and name:  # both name the run directory: one must win, so neither does
         raise click.UsageError(f"--name {name} and --run-dir {run_dir} both say where the run goes; give one (--name "
                                f"X is --run-dir artifacts/X)")
     if run_dir:

@@ -389,7 +389,7 @@ def unreadable_sentence(bad, total):
     first = bad[0][1]
     if len(bad) == 1:
         return first
-    shown = ", ".join(f"'{p}'" for p, _ in bad[1:SHOWN])  # was 3: ten scraped HTML files named four of them
+    shown = ", ".join(f"'{p}'" for p, _ in bad[1:SHOWN])  # enough for the bad files a folder usually has
     more = f" and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
     return f"{first}; {len(bad) - 1} more of the {total:,} files cannot be read either: {shown}{more}"
 

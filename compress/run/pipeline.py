@@ -265,7 +265,7 @@ class _StageRun:
         self.run, self.env, self.spec, self.state, self.writer = run, env, spec, state, writer
         self.begun = False
         self.start = time.perf_counter()
-        self.earlier = 0.0  # a resumed stage's time in the runs it continues (was: only the last one's counted)
+        self.earlier = 0.0  # a resumed stage's time in the runs it continues, counted in its total
         if state.action == "resume" and env.is_main:
             entry = run.manifest()["stages"].get(spec.NAME) or {}
             earlier = entry.get("seconds") if entry.get("status") in ("interrupted", "failed") else None

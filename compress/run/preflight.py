@@ -170,8 +170,8 @@ def _feature_problems(cfg, stage_names, built, input_shape):
     """The cosine and hint losses' layers: a name the student has not, or - when this run trains the teacher
     first - a teacher layer it has not or feature shapes no regressor can match, fails now, not when distill starts
     after the teacher's hours. One forward pass of zeros through the throwaway models. A run that starts at distill
-    builds model.teacher's architecture for it (its layer names and shapes do not depend on the weights; was: the
-    dry run said "distill run", and the run failed after "running again")."""
+    builds model.teacher's architecture for it: its layer names and shapes do not depend on the weights, so the
+    dry run and the run decide alike."""
     d = cfg.distill
     if "distill" not in stage_names or not (d.cosine.weight or d.hint.weight) or "model.student" not in built:
         return []

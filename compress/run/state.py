@@ -108,7 +108,7 @@ def decide(run, cfg, spec, force, stages, world):
     if force:
         return StageState(action="fresh", reason="--force", announce="running (--force)", **base)
     if entry and entry.get("status") == "complete":
-        modified = _modified_inputs(run, inputs)  # was: "up to date, skipped" over a file replaced by hand
+        modified = _modified_inputs(run, inputs)  # an input replaced by hand is not up to date
         changed = f"its input {modified[0]} was modified after it was written" if modified else _changes(run, entry,
                                                                                                            base)
         if not changed:
@@ -396,7 +396,7 @@ def _state(run, name, entries, states):
     if point is None:
         detail = f"{problem}; will start over" if problem else "no resume checkpoint; will start over"
     elif entry.get("config_hash") and not _same_config(point.extra["_made_with"], entry):
-        detail = "its resume checkpoint is of an earlier run with another config; will start over"  # was: resumable
+        detail = "its resume checkpoint is of an earlier run with another config; will start over"
     else:
         detail = f"resumable at epoch {point.epoch + 1}, step {point.step}"
     return "interrupted", detail
