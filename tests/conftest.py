@@ -55,7 +55,8 @@ def compress_subprocess(*args, env=None, timeout=600, cwd=None):
                           timeout=timeout, cwd=cwd)
 
 
-FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+FAULTS = os.path.join(ROOT, "tests", "faults.py")
 
 
 def fault_subprocess(*args, fault, env=None, timeout=600):

@@ -21,9 +21,13 @@ import os
 import signal
 import sys
 
-import torch
+# Run as a script (or as torchrun's worker script), this file's folder comes first on sys.path, and tests/stages/
+# (the stage modules' tests) would stand in for the stages package: import compress and stages as installed.
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
 
-import compress.training.loop as loop
+import torch  # noqa: E402
+
+import compress.training.loop as loop  # noqa: E402
 
 
 def install_store_fault(count):

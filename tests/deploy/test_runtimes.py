@@ -13,8 +13,7 @@ import pytest
 
 from compress.deploy.runtimes import RUNTIMES
 from compress.run.config import ExportConfig
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
 
 
 def _literal_choices(tp):

@@ -10,9 +10,9 @@ import torch
 
 from compress.training.checkpoint import read_weights
 from compress.training.precision import cpu_bf16_support
-from conftest import FAULTS, compress_subprocess
+from conftest import FAULTS, ROOT, compress_subprocess
 
-CENSUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "thread_census")
+CENSUS = os.path.join(ROOT, "tests", "thread_census")
 GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
 
 

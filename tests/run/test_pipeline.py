@@ -6,7 +6,7 @@ import yaml
 
 from compress.run.config import load_config
 from compress.training.checkpoint import read_weights
-from conftest import file_bytes, invoke, tree
+from conftest import ROOT, file_bytes, invoke, tree
 
 EXPECTED_TREE = [
     "config.yaml",
@@ -136,8 +136,7 @@ def test_the_kd_tutorial_config_runs_its_models_and_layers(tmp_path):
         (root / cls).mkdir(parents=True)
         for i in range(24):
             Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(root / cls / f"{i}.png")
-    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                          "cifar10-tutorial.yaml")
+    config = os.path.join(ROOT, "configs", "cifar10-tutorial.yaml")
     result = invoke("run", "-c", config, "--run-dir", tmp_path / "run", "--stages", "teacher,distill",
                     "--set", "data.name=imagefolder", "--set", f"data.root={root}", "--set", "data.image_size=32",
                     "--set", "teacher.epochs=1", "--set", "distill.epochs=1", "--set", "teacher.batch_size=16",

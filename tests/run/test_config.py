@@ -9,9 +9,7 @@ import yaml
 from compress.errors import ConfigError, InputError
 from compress.run import preflight, schema
 from compress.run.config import Config, dump_config, load_config, section_hash
-from conftest import invoke
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT, invoke
 
 
 def test_default_yaml_is_the_builtin_default():

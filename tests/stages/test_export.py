@@ -13,7 +13,7 @@ from compress.errors import InputError
 from compress.models.registry import build_model
 from compress.quant.onnx_export import export_onnx
 from compress.run.config import load_config
-from conftest import compress_subprocess, invoke
+from conftest import ROOT, compress_subprocess, invoke
 
 
 @pytest.mark.parametrize("name,shape", [("light_cnn", (3, 32, 32)), ("deep_cnn", (1, 28, 28)),
@@ -232,7 +232,7 @@ def test_the_readme_snippet_classifies_an_image_from_the_file_alone(finished_run
     import subprocess
     import sys
 
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    readme = open(os.path.join(ROOT, "README.md")).read()
     snippet = re.search(r"<!-- deploy-snippet -->\n```python\n(.*?)```", readme, re.S).group(1)
     assert len(snippet.strip().splitlines()) <= 15
     paths, _ = write_val_pngs(tmp_path, count=3)
