@@ -1,5 +1,6 @@
-"""Shared fixtures: a tiny config on scikit-learn's 8x8 digits, the CLI in-process and as a subprocess, and
-one completed pipeline run that read-only tests share (tests that change files work on a copy)."""
+"""Shared fixtures: a tiny config on scikit-learn's 8x8 digits, the CLI in-process and as a subprocess, one
+completed pipeline run that read-only tests share (tests that change files work on a copy), and the image folders
+and files that tests of several packages build."""
 
 import os
 import random
@@ -13,10 +14,14 @@ import sys
 # wait on one another's cores (see compress/cpus.py).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
+from PIL import Image
 
 from compress.cli import cli
+from compress.data.datasets import load_data
+from compress.run.config import load_config
 
 TINY_CONFIG = """\
 seed: 0
@@ -113,3 +118,62 @@ def file_bytes(root):
             with open(path, "rb") as f:
                 out[rel] = f.read()
     return out
+
+
+HANG = 180  # seconds: far beyond what each command needs, far below the hours a hang would take
+
+
+def data_cfg(*overrides):
+    return load_config(None, list(overrides)).data
+
+
+def image_tree(root, splits=("train", "val"), classes=("cat", "dog"), count=4, seed=0):
+    rng = np.random.default_rng(seed)
+    for split in splits:
+        for cls in classes:
+            folder = root / split / cls if split else root / cls
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+
+
+def sized_image_tree(root, splits, classes=("cat", "dog"), count=6, size=(20, 24)):
+    rng = np.random.default_rng(0)
+    for split in splits:
+        for cls in classes:
+            folder = root / split / cls if split else root / cls
+            folder.mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+
+
+def images(folder, n, shade=0, size=12):
+    """`n` real PNG files, each different (its pixels encode its index and `shade`)."""
+    os.makedirs(folder, exist_ok=True)
+    for i in range(n):
+        Image.new("RGB", (size, size), ((37 * i) % 256, (11 * i + shade) % 256, shade % 256)).save(
+            os.path.join(folder, f"{i:03d}.png"))
+
+
+@pytest.fixture
+def photos(tmp_path):
+    """An image folder with train/ and val/ splits of two classes, and a folder of other, unlabelled images."""
+    root = tmp_path / "photos"
+    for split, n in (("train", 12), ("val", 4)):
+        for c, name in enumerate(("cat", "dog")):
+            images(root / split / name, n, shade=100 * c + (50 if split == "val" else 0))
+    unlabeled = tmp_path / "unlabeled"
+    images(unlabeled, 5, shade=200)
+    return root, unlabeled
+
+
+def write_val_pngs(tmp_path, count=6):
+    data = load_data(load_config(None, ["data.name=digits"]).data, seed=0)
+    images, labels = data.val.raw(list(range(count)))
+    paths = []
+    for i, img in enumerate(images):
+        path = tmp_path / f"val{i}.png"
+        Image.fromarray(img[0].numpy()).save(path)
+        paths.append(str(path))
+    x = data.val.batch(range(count)).x
+    return paths, x

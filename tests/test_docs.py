@@ -1,11 +1,13 @@
-"""The README cannot drift from the code: config reference, CLI commands, CI's test command."""
+"""The README cannot drift from the code: config reference, CLI commands, CI's test command, and the deploy
+snippet."""
 
+import json
 import os
 import re
 import subprocess
 
 from compress import cli
-from conftest import invoke
+from conftest import invoke, write_val_pngs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
@@ -29,3 +31,22 @@ def test_readme_starts_with_the_two_setup_commands_and_ci_runs_the_second():
     ci = subprocess.run(["awk", "/<!-- ci: test command -->/{getline; getline; print; exit}",
                          os.path.join(ROOT, "README.md")], capture_output=True, text=True).stdout.strip()
     assert ci == blocks[1].strip()
+
+
+def test_the_readme_snippet_classifies_an_image_from_the_file_alone(finished_run, tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    snippet = re.search(r"<!-- deploy-snippet -->\n```python\n(.*?)```", readme, re.S).group(1)
+    assert len(snippet.strip().splitlines()) <= 15
+    paths, _ = write_val_pngs(tmp_path, count=3)
+    model = finished_run / "export" / "model.int8.onnx"
+    expected = [e["top"][0]["class"] for e in json.loads(invoke("predict", model, *paths, "--json").stdout)]
+    got = []
+    for path in paths:
+        code = snippet.replace('"model.int8.onnx"', repr(str(model))).replace('"digit.png"', repr(path))
+        got.append(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+                   .stdout.strip())
+    assert got == expected

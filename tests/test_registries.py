@@ -6,6 +6,8 @@ import typing
 
 import torch
 
+import stages
+from compress import cli
 from compress.data.registry import DATASETS
 from compress.data.registry import DESCRIPTIONS as DATASET_DESCRIPTIONS
 from compress.distill.feature_losses import FEATURE_LOSSES
@@ -13,6 +15,8 @@ from compress.distill.logit_losses import LOGIT_LOSSES
 from compress.distill.objective import describe_loss, make_loss
 from compress.models.registry import DESCRIPTIONS, MODELS, SOURCES, source_of
 from compress.run import config
+from compress.run.config import Config
+from compress.run.contract import Code, Images
 from conftest import invoke
 
 
@@ -77,3 +81,26 @@ def test_a_logit_loss_added_to_the_registry_trains_and_is_named(monkeypatch):
     teacher = lambda x: {"logits": torch.zeros(len(x), 3)}  # noqa: E731
     total, terms = make_loss(d, Student(), teacher, None, steps_per_epoch=1)(batch, 0)
     assert calls == [1.0] and set(terms) == {"ce", "kd"} and torch.isfinite(total)
+
+
+def test_registries_agree_cli_config_and_folders():
+    """One stage registry (the CLI's --stages default comes from it); each stage's keys exist in the config."""
+    from compress.run.config import config_slice
+
+    run_option = next(p for p in cli.cli.commands["run"].params if p.name == "stages")
+    assert tuple(stages.STAGES) == stages.ORDER and f"[default: {','.join(stages.ORDER)}]" in run_option.help
+    config_sections = {f.name for f in dataclasses.fields(Config)}
+    for name, module in stages.STAGES.items():
+        assert module.NAME == name
+        assert name in config_sections, f"stage {name} has no config section"
+        assert all(out.startswith(f"{name}/") for out in module.OUTPUTS.values()), "a stage writes only its own folder"
+        assert callable(module.run) and callable(module.inputs) and callable(module.report_rows)
+        assert config_slice(Config(), module.CONFIG_KEYS)  # every declared key names a part of the config
+        for item in module.inputs(Config()):  # every input names another stage's declared output, or images
+            if isinstance(item, Images):
+                assert item.key in ("root", "unlabeled")
+                continue
+            if isinstance(item, Code):
+                assert item.key in ("model.teacher", "model.student")
+                continue
+            assert item.stage in stages.STAGES and item.output in stages.STAGES[item.stage].OUTPUTS

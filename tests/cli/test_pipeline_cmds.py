@@ -1,54 +1,10 @@
-import dataclasses
+"""`compress run`, `stages`, `config` and `models` (compress.cli.pipeline_cmds): --stages parsed and checked,
+and what the listing commands print."""
 
-import pytest
+import shutil
 
 import stages
-from compress import __version__, cli
-from compress.run.config import Config
-from compress.run.contract import Code, Images
-from conftest import compress_subprocess, invoke
-
-
-def test_registries_agree_cli_config_and_folders():
-    """One stage registry (the CLI's --stages default comes from it); each stage's keys exist in the config."""
-    from compress.run.config import config_slice
-
-    run_option = next(p for p in cli.cli.commands["run"].params if p.name == "stages")
-    assert tuple(stages.STAGES) == stages.ORDER and f"[default: {','.join(stages.ORDER)}]" in run_option.help
-    config_sections = {f.name for f in dataclasses.fields(Config)}
-    for name, module in stages.STAGES.items():
-        assert module.NAME == name
-        assert name in config_sections, f"stage {name} has no config section"
-        assert all(out.startswith(f"{name}/") for out in module.OUTPUTS.values()), "a stage writes only its own folder"
-        assert callable(module.run) and callable(module.inputs) and callable(module.report_rows)
-        assert config_slice(Config(), module.CONFIG_KEYS)  # every declared key names a part of the config
-        for item in module.inputs(Config()):  # every input names another stage's declared output, or images
-            if isinstance(item, Images):
-                assert item.key in ("root", "unlabeled")
-                continue
-            if isinstance(item, Code):
-                assert item.key in ("model.teacher", "model.student")
-                continue
-            assert item.stage in stages.STAGES and item.output in stages.STAGES[item.stage].OUTPUTS
-
-
-def test_command_dict_matches_the_cli():
-    assert set(cli.COMMANDS) == set(cli.cli.commands)
-    for name, command in cli.COMMANDS.items():
-        assert cli.cli.commands[name] is command
-
-
-@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
-def test_every_help_teaches_with_an_example(command):
-    result = invoke(command, "--help")
-    assert result.exit_code == 0
-    assert "Example" in result.output
-
-
-def test_version_in_process_and_installed_script():
-    assert __version__ in invoke("--version").output
-    proc = compress_subprocess("--version")
-    assert proc.returncode == 0 and __version__ in proc.stdout
+from conftest import invoke
 
 
 def test_unknown_stage_lists_the_valid_ones():
@@ -83,3 +39,18 @@ def test_config_command_prints_resolved_yaml_and_reference():
     reference = invoke("config", "--reference").output
     assert "| `distill.kd.temperature` | float or null | `null` |" in reference
     assert "| `distill.kd.method` | hinton | dkd | dist | standardized | `standardized` |" in reference
+
+
+def test_a_misspelt_stage_gets_a_suggestion_and_show_finds_the_default_run(tmp_path, finished_run, monkeypatch):
+    assert "(did you mean 'distill'?)" in invoke("run", "--stages", "distil").output
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "artifacts").mkdir()
+    shutil.copytree(finished_run, tmp_path / "artifacts" / "default")
+    shown = invoke("show")
+    assert shown.exit_code == 0 and "teacher  complete" in shown.stdout
+
+
+def test_compress_models_names_every_form_a_model_key_takes():
+    result = invoke("models")
+    assert result.exit_code == 0 and "compact_cnn" in result.output and "resnet20" in result.output
+    assert "torchvision:<builder>" in result.output and "<module>:<function>" in result.output  # was: README only

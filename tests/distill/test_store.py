@@ -1,4 +1,5 @@
-"""The teacher-output store: top-k packing, self-checking chunks, resumed and extended builds, and the key."""
+"""The teacher-output store: top-k packing, self-checking chunks, resumed and extended builds, the key, and
+stored outputs that are the live teacher's on the very pixels the student sees."""
 
 import json
 import math
@@ -8,13 +9,15 @@ import pytest
 import torch
 
 from compress.data.datasets import load_data
-from compress.distill.store import StoreSpec, TeacherOutputStore, pack_logits, unpack_logits
+from compress.distill.objective import make_loss
+from compress.distill.store import StoreSpec, TeacherOutputStore, default_top_k, pack_logits, unpack_logits
 from compress.distill.teacher import FrozenTeacher
 from compress.errors import InputError, Interrupted, StageFailed
 from compress.models.registry import build_model
 from compress.run.config import load_config
 from compress.training import interrupt
 from compress.training.distributed import DistEnv
+from tests.distill.test_teacher import setup  # the frozen teacher and its student, as built there
 
 
 def spec(**changes):
@@ -302,3 +305,45 @@ def test_a_store_json_whose_views_cannot_be_is_one_sentence_and_a_rebuild(tmp_pa
         "its store.json claims 1,000,000,000,000 complete views but records 9 chunk(s)",
         "its store.json has no valid views and chunks")
     assert json.loads((folder / "store.json").read_text())["views"] == 3
+
+
+def store_for(tmp_path, cfg, data, teacher, train_set, top_k=None):
+    a = train_set.augment
+    spec = StoreSpec("0" * 64, cfg.model.teacher, train_set.fingerprint(), len(train_set), a.views, 10,
+                     default_top_k(10, top_k), {"kind": a.kind, "flip": a.flip, "view_seed": a.view_seed}, "fp32",
+                     teacher.cosine_layer or "", teacher.cosine_width or 0, rows_per_chunk=100)
+    store = TeacherOutputStore(str(tmp_path / "store"), spec)
+    plan = store.prepare(DistEnv())
+    store.build(teacher, train_set, DistEnv(), 64, lambda x: x, plan)
+    return store.open(), plan
+
+
+def test_stored_and_live_teacher_give_the_same_loss(tmp_path):
+    cfg, data, teacher, student = setup(hint=False)
+    train_set = data.train.with_augment(views=1)
+    store, plan = store_for(tmp_path, cfg, data, teacher, train_set)
+    assert plan["status"] == "build" and store.spec.chunks == -(-len(train_set) // 100)
+    batch = train_set.batch(range(0, 64, 2), epoch=0)
+    student.train()
+    stored_loss, stored_parts = make_loss(cfg.distill, student, teacher, store, 10)(batch, 0)
+    live_loss, live_parts = make_loss(cfg.distill, student, teacher, None, 10)(batch, 0)
+    assert set(stored_parts) == {"ce", "kd", "cosine"}
+    # the store keeps fp16: the same loss to fp16's resolution
+    assert stored_loss.item() == pytest.approx(live_loss.item(), rel=1e-3)
+    for k in stored_parts:
+        assert stored_parts[k] == pytest.approx(live_parts[k], rel=1e-3, abs=1e-4)
+
+
+def test_stored_views_are_the_teacher_outputs_of_the_very_pixels_the_student_sees(tmp_path):
+    """Consistent teaching: for any epoch, the stored outputs looked up by (sample, view) are the teacher's
+    outputs on exactly the augmented (and mixed) images of the batch."""
+    cfg, data, teacher, student = setup("data.augment=pad_crop", hint=False)
+    train_set = data.train.with_augment(views=3, view_seed=5, mix="cutmix")
+    store, _ = store_for(tmp_path, cfg, data, teacher, train_set)
+    for epoch in (0, 1, 5):
+        batch = train_set.batch(range(40, 72), epoch=epoch)
+        assert set(batch.view.tolist()) == {epoch % 3}
+        stored = store.lookup(batch.index, batch.view, "cpu")
+        live = teacher(batch.x)
+        for key in ("logits", "cosine"):
+            assert torch.allclose(stored[key], live[key].float(), atol=2e-2, rtol=1e-2), key

@@ -1,3 +1,6 @@
+"""The config (compress.run.config, compress.run.schema): parsed once into validated dataclasses, every problem
+reported at once with its key path, YAML read safely (keys given twice, alias bombs), and each stage's view."""
+
 import glob
 import os
 import subprocess
@@ -9,7 +12,7 @@ import yaml
 from compress.errors import ConfigError, InputError
 from compress.run import preflight, schema
 from compress.run.config import Config, dump_config, load_config, section_hash
-from conftest import ROOT, invoke
+from conftest import HANG, ROOT, compress_subprocess, file_bytes, invoke
 
 
 def test_default_yaml_is_the_builtin_default():
@@ -295,3 +298,51 @@ def test_norm_weight_decay_decays_the_1d_parameters_apart_and_its_null_keeps_fin
     assert as_it_counts({"teacher": {"lr": 0.1, "norm_weight_decay": None}}, False) == {"teacher": {"lr": 0.1}}
     assert as_it_counts({"teacher": {"lr": 0.1, "norm_weight_decay": 0.0}}, False) == \
         {"teacher": {"lr": 0.1, "norm_weight_decay": 0.0}}
+
+
+def test_a_config_with_a_key_twice_is_refused_with_both_lines(tmp_path):
+    config = tmp_path / "twice.yaml"
+    config.write_text("teacher:\n  epochs: 3\n  lr: 0.1\n  epochs: 30\n")
+    result = invoke("run", "-c", config, "--run-dir", tmp_path / "run")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"error: config error in {config}: key 'teacher.epochs' appears twice (lines 2 "
+                                     "and 4); keep one")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_folder_given_with_a_built_in_dataset_is_refused_not_ignored(tmp_path):
+    """Was: exit 0, training on the shipped MNIST digits."""
+    result = invoke("run", "--run-dir", tmp_path / "run", "--set", f"data.root={tmp_path}")
+    assert result.exit_code == 2 and not (tmp_path / "run").exists()
+    assert "data.root: '" in result.stderr
+    assert "set data.name: imagefolder (--set data.name=imagefolder)" in result.stderr
+
+
+def alias_bomb(levels=9):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\nseed: 0\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_before_any_walk(tmp_path, run_copy):
+    """Was: 9 levels of 9 aliases - the duplicate-key check walked the expanded tree (387 million values)."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(alias_bomb())
+    proc = compress_subprocess("config", "-c", bomb, timeout=HANG)
+    assert proc.returncode == 2 and f"config error in {bomb}: its YAML aliases (*name) expand to more than 100,000 " \
+        "values" in proc.stderr, proc.stderr
+    before = file_bytes(run_copy)
+    (run_copy / "config.yaml").write_text(alias_bomb())
+    proc = compress_subprocess("run", "--run-dir", run_copy, "--stages", "export", timeout=HANG)
+    assert proc.returncode == 2 and f"config error in {run_copy / 'config.yaml'}: its YAML aliases" in proc.stderr
+    proc = compress_subprocess("config", "--set", "data.mean=&a [*a]", timeout=HANG)  # a value containing itself
+    assert proc.returncode == 2 and "refers to a value that contains it" in proc.stderr, proc.stderr
+    assert {k: v for k, v in file_bytes(run_copy).items() if k != "config.yaml"} == {
+        k: v for k, v in before.items() if k != "config.yaml"}
+
+
+def test_yaml_anchors_of_a_normal_config_still_work(tmp_path):
+    path = tmp_path / "anchors.yaml"
+    path.write_text("teacher: {lr: &lr 0.2, epochs: 1}\ndistill: {lr: *lr}\n")
+    result = invoke("config", "-c", path)
+    assert result.exit_code == 0 and result.output.count("lr: 0.2") == 2

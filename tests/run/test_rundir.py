@@ -1,41 +1,17 @@
-"""A run directory nothing can corrupt: each case found by trying the tool as a hostile but realistic user
-(issue 9), replayed with the same inputs. The one-line errors themselves are in the bad-input table."""
+"""The run directory, its manifest and lock (compress.run.rundir): a folder that is not a run left alone, a
+held lock named and waited out, a stale one taken over, a pipe or a folder where a file goes refused, and a
+manifest that lies refused in one sentence - each found by trying the tool as a hostile but realistic user
+(issue 9). The one-line errors themselves are in the bad-input table."""
 
 import json
 import os
-import signal
 import socket
 import subprocess
 
-import numpy as np
-import onnx
 import pytest
-import yaml
-from PIL import Image
 
-from compress.data.datasets import load_data
-from compress.fileio import dumps
-from compress.run.config import load_config
 from compress.run.rundir import RunDir, RunLock
-from conftest import file_bytes, invoke
-
-
-def test_an_override_for_a_stage_that_does_not_run_is_not_saved(run_copy):
-    before = yaml.safe_load((run_copy / "config.yaml").read_text())
-    result = invoke("run", "--run-dir", run_copy, "--stages", "export", "--set", "teacher.epochs=1")
-    assert result.exit_code == 0, result.output
-    saved = yaml.safe_load((run_copy / "config.yaml").read_text())
-    assert saved["teacher"]["epochs"] == before["teacher"]["epochs"] == 2
-    again = invoke("run", "--run-dir", run_copy, "--stages", "teacher")
-    assert again.exit_code == 0 and "teacher: up to date, skipped" in again.stderr
-
-
-def test_a_stage_that_runs_saves_its_own_keys_only(run_copy):
-    result = invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.lr=0.0002",
-                    "--set", "distill.epochs=9")
-    assert result.exit_code == 0, result.output
-    saved = yaml.safe_load((run_copy / "config.yaml").read_text())
-    assert saved["qat"]["lr"] == 0.0002 and saved["distill"]["epochs"] == 2
+from conftest import HANG, compress_subprocess, file_bytes, invoke
 
 
 def test_a_folder_that_is_not_a_run_is_refused_and_left_alone(tmp_path):
@@ -125,126 +101,53 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(run_copy):
     assert not (run_copy / ".lock").exists()
 
 
-def test_json_files_are_strict():
-    assert dumps({"a": float("nan"), "b": [float("inf"), 1.5]}) == '{"a": null, "b": [null, 1.5]}'
+def test_a_manifest_of_deeply_nested_brackets_is_one_clear_sentence(run_copy):
+    """Was: 'unexpected RecursionError' from `compress show`."""
+    (run_copy / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
+    result = invoke("show", run_copy)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"error: manifest '{run_copy / 'manifest.json'}' is not valid JSON "
+                                     "(RecursionError); restore it, or move it away and rerun the stage that wrote it")
 
 
-def test_ctrl_c_during_export_stops_it_with_exit_130(run_copy):
-    exe = os.path.join(os.path.dirname(os.sys.executable), "compress")
-    proc = subprocess.Popen([exe, "run", "--run-dir", str(run_copy), "--stages", "export", "--force",
-                             "--set", "export.latency_repeats=200"],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        if "export: running" in line:
-            proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=300)
-    output = "".join(lines)
-    assert proc.returncode == 130, output
-    assert "interrupted" in output and "rerun the same command" in output and "Traceback" not in output
-    status = json.loads((run_copy / "manifest.json").read_text())["stages"]["export"]["status"]
-    assert status in ("interrupted", "complete")
-    for name in ("model.fp32.onnx", "model.int8.onnx"):  # atomic: a file is whole or absent
-        path = run_copy / "export" / name
-        if path.exists():
-            onnx.checker.check_model(onnx.load(path))
+@pytest.mark.parametrize("name", [".lock", "log.txt", "config.yaml"])
+def test_a_pipe_in_the_run_directory_is_refused_never_waited_on(run_copy, name):
+    """Was: a FIFO as <run>/.lock blocked even `compress show`; as log.txt (or config.yaml) it blocked the run."""
+    (run_copy / name).unlink(missing_ok=True)
+    os.mkfifo(run_copy / name)
+    before = file_bytes(run_copy)
+    show = compress_subprocess("show", run_copy, timeout=HANG)
+    assert show.returncode in (0, 2), show.stderr  # shown, or (config.yaml: read by show) refused in a sentence
+    proc = compress_subprocess("run", "--run-dir", run_copy, "--stages", "export", "--force", timeout=HANG)
+    assert proc.returncode == 2, proc.stderr
+    assert f"run directory '{run_copy}' contains a pipe, {name}, where compress keeps only files and folders; " \
+        "remove it and rerun" in proc.stderr
+    assert file_bytes(run_copy) == before
 
 
-def _val_digit(tmp_path):
-    data = load_data(load_config(None, ["data.name=digits"]).data, seed=0)
-    images, _ = data.val.raw([3])
-    return images[0, 0].numpy()
+@pytest.mark.parametrize("rel", ["log.txt", "export/export.json", "teacher/metrics.json"])
+def test_a_folder_where_a_file_goes_is_refused_before_the_work(run_copy, rel):
+    """Was: `unexpected IsADirectoryError` - for a stage's output, after the stage had done its work."""
+    (run_copy / rel).unlink()
+    os.makedirs(run_copy / rel)
+    before = file_bytes(run_copy)
+    stage = rel.split("/")[0] if "/" in rel else "export"
+    proc = compress_subprocess("run", "--run-dir", run_copy, "--stages", stage, "--force", timeout=HANG)
+    assert proc.returncode == 2, proc.stderr
+    assert f"has a folder where its file {rel} goes; move the folder away and rerun" in proc.stderr
+    assert file_bytes(run_copy) == before
 
 
-def test_16_bit_and_float_images_are_scaled_not_clipped(finished_run, tmp_path):
-    pixels = _val_digit(tmp_path)
-    Image.fromarray(pixels).save(tmp_path / "eight.png")
-    Image.fromarray(pixels.astype(np.uint16) * 257).save(tmp_path / "sixteen.png")
-    Image.fromarray(pixels.astype(np.float32) / 255.0, mode="F").save(tmp_path / "float.tiff")
-    assert Image.open(tmp_path / "sixteen.png").mode.startswith("I")
-    model = finished_run / "export" / "model.fp32.onnx"
-    result = invoke("predict", model, tmp_path / "eight.png", tmp_path / "sixteen.png", tmp_path / "float.tiff",
-                    "--json", "--top-k", "3")
-    assert result.exit_code == 0, result.output
-    tops = [[(t["class"], round(t["probability"], 4)) for t in entry["top"]] for entry in json.loads(result.stdout)]
-    assert tops[0] == tops[1] == tops[2]
-
-
-def test_class_names_are_sanitised_before_printing(finished_run, tmp_path):
-    proto = onnx.load(finished_run / "export" / "model.fp32.onnx")
-    for prop in proto.metadata_props:
-        if prop.key == "compress.class_names":
-            prop.value = json.dumps(["\x1b[31mred\x1b[0m"] * 10)
-    onnx.save(proto, tmp_path / "m.onnx")
-    Image.fromarray(_val_digit(tmp_path)).save(tmp_path / "d.png")
-    result = invoke("predict", tmp_path / "m.onnx", tmp_path / "d.png")
-    assert result.exit_code == 0
-    assert "\x1b" not in result.output and "\\x1b[31mred" in result.output
-
-
-def test_the_report_marks_rows_that_are_no_longer_current(run_copy):
-    result = invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.lr=0.0002")
-    assert result.exit_code == 0, result.output
-    report = (run_copy / "report.md").read_text()
-    assert "| int8 ONNX (onnxruntime) *(stale)* |" in report and "| fp32 ONNX (onnxruntime) *(stale)* |" in report
-    assert "export is stale (qat/qat.safetensors changed since this stage ran)" in report
-    teacher_row = next(line for line in report.splitlines() if line.startswith("| teacher"))
-    assert teacher_row.endswith("| - | - |") is False  # the teacher is current; export's timing of it still holds
-    rows = json.loads((run_copy / "report.json").read_text())["rows"]
-    assert {r["id"]: r["current"] for r in rows}["qat"] is True
-
-    result = invoke("run", "--run-dir", run_copy, "--stages", "teacher", "--set", "teacher.epochs=1")
-    assert result.exit_code == 0, result.output
-    report = (run_copy / "report.md").read_text()
-    teacher_row = next(line for line in report.splitlines() if line.startswith("| teacher"))
-    assert "stale" not in teacher_row and teacher_row.endswith("| - | - |"), teacher_row  # old latency dropped
-    precision = json.loads((run_copy / "manifest.json").read_text())["stages"]["distill"]["metrics"]["precision"]
-    how = "PyTorch fp32" if precision == "fp32" else f"PyTorch, evaluated in {precision}"  # bf16 where the CPU has it
-    assert f"| student, distilled ({how}) *(stale)* |" in report
-
-
-def test_a_pytorch_row_says_the_precision_its_accuracy_was_measured_in():
-    """Was: "(PyTorch fp32)" on an accuracy measured under bf16 autocast, a few tenths from the fp32 ONNX row of
-    the same weights (the fresh-user pass read that as the export gaining or losing accuracy)."""
-    from compress.run.report import evaluated_in
-
-    assert evaluated_in({"precision": "fp32"}) == evaluated_in({}) == "PyTorch fp32"
-    assert evaluated_in({"precision": "bf16"}) == "PyTorch, evaluated in bf16"
-
-
-def test_a_damaged_export_report_does_not_block_other_stages(run_copy):
-    path = run_copy / "export" / "export.json"
-    report = json.loads(path.read_text())
-    del report["latency_ms"]
-    path.write_text(json.dumps(report))
-    result = invoke("run", "--run-dir", run_copy, "--stages", "teacher")
-    assert result.exit_code == 0, result.output
-    assert f"export: no rows - its files are damaged: {path}: latency_ms is missing; rerun" in (
-        run_copy / "report.md").read_text()
-
-
-def test_weights_blown_up_by_a_step_fail_the_stage_with_advice_not_an_exception():
-    """A huge learning rate can leave weights non-finite after an update whose loss was still finite; the next
-    forward of a QAT model then fails inside a fake-quant observer (no zero point fits a NaN range) before any
-    loss exists. That is divergence, and the stage says so in one line."""
-    import torch
-    import torch.nn.functional as F
-
-    from compress.data.imageset import Batch
-    from compress.errors import StageFailed
-    from compress.models.registry import build_model
-    from compress.quant import fx as quant
-    from compress.training.loop import Session, train_one_epoch
-    from compress.training.schedule import Schedule
-
-    torch.manual_seed(0)
-    example = torch.randn(4, 1, 8, 8)
-    prepared = quant.prepare(build_model("compact_cnn", (1, 8, 8), 10), example)
-    with torch.no_grad():
-        next(p for p in prepared.parameters() if p.dim() == 4)[0, 0, 0, 0] = float("nan")
-    batches = [Batch(example, torch.arange(4), torch.arange(4), torch.full((4,), -1), torch.arange(4), torch.ones(4))]
-    optimizer = torch.optim.SGD(prepared.parameters(), lr=0.1)
-    with pytest.raises(StageFailed, match="qat: the weights became non-finite at epoch 1, step 1; .* lower qat.lr"):
-        train_one_epoch(prepared, lambda b, step: (F.cross_entropy(prepared(b.x), b.y), {}), optimizer, batches,
-                        Schedule("constant", 0.1, 1, 1), 0, Session(name="qat"))
+@pytest.mark.parametrize("value", ["high", [97.2], True])
+def test_a_manifest_metric_of_the_wrong_type_is_one_sentence(run_copy, value):
+    """Was: `unexpected ValueError: Unknown format code 'f' for object of type 'str'` from show and run."""
+    manifest = json.loads((run_copy / "manifest.json").read_text())
+    manifest["stages"]["distill"]["metrics"]["val_acc"] = value
+    (run_copy / "manifest.json").write_text(json.dumps(manifest))
+    before = file_bytes(run_copy)
+    for args in (["show", run_copy], ["run", "--run-dir", run_copy, "--stages", "export"]):
+        proc = compress_subprocess(*args, timeout=HANG)
+        assert proc.returncode == 2, proc.stderr
+        assert f"manifest '{run_copy / 'manifest.json'}' is not a compress manifest (stage 'distill' has a metric " \
+            "\"val_acc\" that is not a number" in proc.stderr
+    assert file_bytes(run_copy) == before

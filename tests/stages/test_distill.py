@@ -1,6 +1,6 @@
 """The distill stage end to end on the tiny digits config: every logit loss through the teacher-output store,
-unlabelled images, kill -9 during training and during the store's build (then bit-identical), and 2-process DDP
-building the same store as one process."""
+unlabelled images, kill -9 during training and during the store's build (then bit-identical), 2-process DDP
+building the same store as one process, and teachers or students hardly better than chance named."""
 
 import json
 import os
@@ -101,7 +101,7 @@ def test_unlabelled_images_train_the_student_through_the_teacher(teacher_run, ti
     assert "distill: the student alone is the one an earlier run trained" in without.stderr  # it never saw them
     assert (f"Of {m['val_images']:,} validation images, {m['distilled_only_right']} are right only with the distilled "
             f"student and {m['alone_only_right']} only with the student alone (McNemar p ") in report
-    # the gain in training time, from the two students' per-epoch files (the rule itself: tests/test_distill.py)
+    # the gain in training time, from the two students' per-epoch files (the rule itself: tests/distill/test_report.py)
     distilled = json.loads((run / "distill/metrics.json").read_text())["epochs"]
     alone = json.loads((run / "distill/baseline/metrics.json").read_text())["epochs"][-1]["val_acc"]
     assert m["epoch_passing_alone"] == epoch_passing(distilled, alone), (m, distilled, alone)
@@ -264,3 +264,27 @@ def test_the_student_alone_is_reused_when_only_the_teacher_or_the_losses_changed
     assert changed.exit_code == 0 and "the one an earlier run trained" not in changed.stderr  # it depends on lr
     assert "distill: training the student alone again: its config (distill settings other than the losses, data, " \
            "model.student) changed since" in changed.stderr  # was: retrained without a word (second fresh-user pass)
+
+
+def test_distilled_student_holds_the_student_alone(finished_run):
+    tensors, meta = read_weights(finished_run / "distill" / "model.safetensors")
+    assert meta["stage"] == "distill" and meta["model"] == "compact_cnn"
+    assert not any(k.startswith(("regressor", "module.", "student.")) for k in tensors)
+    assert "classifier.weight" in tensors
+
+
+def test_a_teacher_no_better_than_chance_is_named_before_distilling(tmp_path, tiny_config):
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher,distill",
+                    "--set", "teacher.epochs=1", "--set", "teacher.lr=0.0000001", "--set", "distill.epochs=1")
+    assert result.exit_code == 0, result.output
+    assert "the teacher scores" in result.stderr
+    assert "hardly better than chance (10.0% for 10 classes): distilling from it cannot help" in result.stderr
+
+
+def test_a_student_no_better_than_chance_is_named_with_what_to_change(tmp_path, tiny_config):
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher,distill",
+                    "--set", "distill.epochs=1", "--set", "distill.lr=0.0000001")
+    assert result.exit_code == 0, result.output
+    assert "the teacher scores" not in result.stderr
+    assert "distill: the distilled student scores" in result.stderr
+    assert "train it longer (distill.epochs) or more gently (a lower distill.lr)" in result.stderr

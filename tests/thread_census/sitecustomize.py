@@ -1,4 +1,4 @@
-"""Put on PYTHONPATH of a `compress run --nproc-per-node N` by tests/test_dist.py: every torchrun worker
+"""Put on PYTHONPATH of a `compress run --nproc-per-node N` by tests/training/test_distributed.py: every torchrun worker
 writes the names of its OS threads to $THREAD_CENSUS_DIR/rank<R>.txt at interpreter exit.
 
 Registered at start-up, this atexit handler runs after every other one, i.e. right before the interpreter

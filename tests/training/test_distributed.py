@@ -162,3 +162,18 @@ def test_two_nodes_on_one_machine_train_as_one_group(tiny_config, tmp_path):
         "teacher/last/checkpoint.safetensors", "teacher/metrics.json", "teacher/model.safetensors"]
     assert [f for f in files if f.endswith("/events")] in ([], board)  # TensorBoard is an optional extra
     _assert_no_group_thread_at_exit(census)  # each node's worker tore its group down
+
+
+def test_clipping_under_two_processes_keeps_the_replicas_identical(tiny_config, tmp_path):
+    """The gradients are averaged over the ranks before they are clipped, so every rank scales them alike and the
+    replicas stay one model (2 real gloo processes; a tight clip so it acts on every step)."""
+    import json
+
+    from conftest import compress_subprocess
+
+    run = tmp_path / "run"
+    proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher", "--nproc-per-node",
+                               "2", "--set", "train.clip_grad_norm=0.05", "--set", "teacher.epochs=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["metrics"]
+    assert metrics["replicas_identical"] is True

@@ -1,0 +1,118 @@
+"""`compress predict` and `compress bench` (compress.cli.deploy_cmds): warnings about the files they serve, the
+installed script, errors in one line, two files side by side."""
+
+import json
+
+import onnx
+
+from conftest import compress_subprocess, invoke, write_val_pngs
+
+
+def test_predict_on_a_run_whose_export_is_stale_says_so(run_copy, tmp_path):
+    """Was: after `--stages qat` ran again, predict used the old int8 file with no word of it."""
+    paths, _ = write_val_pngs(tmp_path, count=1)
+    fresh = invoke("predict", run_copy, *paths)
+    assert fresh.exit_code == 0 and "using model." in fresh.stderr and "warning" not in fresh.stderr
+    assert invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.lr=0.0002").exit_code == 0
+    result = invoke("predict", run_copy, *paths)
+    assert result.exit_code == 0, result.output
+    assert (f"warning: export is stale (qat/qat.safetensors changed since this stage ran): these files were made "
+            f"before that; `compress run --run-dir {run_copy}` brings the run up to date") in result.stderr
+    # a failed export, and a deployed file changed by hand after export checked it (was: served without a word)
+    assert invoke("run", "--run-dir", run_copy, "--stages", "export", "--set", "export.min_int8_speedup=100",
+                  "--set", "export.require_faster_int8=true").exit_code == 1
+    failed = invoke("predict", run_copy, *paths)
+    assert "warning: the last export failed (export: QAT int8 is" in failed.stderr, failed.output
+    assert "its files are kept for inspection, not verified for deployment" in failed.stderr
+    assert invoke("run", "--run-dir", run_copy, "--stages", "export", "--set", "export.min_int8_speedup=0",
+                  "--set", "export.require_faster_int8=false").exit_code == 0
+    deployed = json.loads((run_copy / "export" / "export.json").read_text())["verdict"]["file"]
+    original = (run_copy / "export" / deployed).read_bytes()
+    with open(run_copy / "export" / deployed, "ab") as f:
+        f.write(b"\0")
+    changed = invoke("predict", run_copy, *paths)
+    assert f"warning: export/{deployed} changed after export wrote and checked it" in changed.stderr
+    benched = invoke("bench", run_copy, "--batch", "1", "--threads", "1", "--repeats", "3")  # bench warns too
+    assert f"warning: export/{deployed} changed after export wrote and checked it" in benched.stderr
+    report = invoke("report", run_copy)
+    assert report.exit_code == 0, report.output
+    text = (run_copy / "report.md").read_text()  # was: every row current, and "Deploy export/..." the changed file
+    assert f"export: export/{deployed} changed after the stage wrote it" in text and "Deploy export/" not in text
+    rows = json.loads((run_copy / "report.json").read_text())["rows"]
+    assert [r["current"] for r in rows if r["file"] == f"export/{deployed}"] == [False]
+    (run_copy / "export" / deployed).write_bytes(original)
+    manifest = json.loads((run_copy / "manifest.json").read_text())  # as a kill -9 during export leaves it
+    manifest["stages"]["export"]["status"] = "running"
+    (run_copy / "manifest.json").write_text(json.dumps(manifest))
+    killed = invoke("predict", run_copy, *paths)
+    assert "warning: the last export did not finish (interrupted)" in killed.stderr, killed.output
+    (run_copy / "manifest.json").write_text("{not json")  # no readable manifest: the files are still served
+    unreadable = invoke("predict", run_copy, *paths)
+    assert unreadable.exit_code == 0 and "warning" not in unreadable.stderr, unreadable.output
+
+
+def test_predict_and_bench_from_the_installed_script(finished_run, tmp_path):
+    paths, _ = write_val_pngs(tmp_path, count=2)
+    model = finished_run / "export" / "model.int8.onnx"
+    proc = compress_subprocess("predict", model, *paths)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("%") == 6  # two images, top-3 each
+    proc = compress_subprocess("bench", model, "--batch", "1,4", "--threads", "1", "--repeats", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.strip().splitlines()) == 4  # title, header, two rows
+    for where in (finished_run, finished_run / "export"):  # a run directory: its fp32 file against its int8 one
+        proc = compress_subprocess("bench", where, "--batch", "4", "--threads", "1", "--repeats", "3")
+        assert proc.returncode == 0, proc.stderr
+        assert f"A = {finished_run / 'export' / 'model.fp32.onnx'}" in proc.stdout
+        assert f"B = {finished_run / 'export' / 'model.int8.onnx'}" in proc.stdout
+    proc = compress_subprocess("predict", finished_run / "export", *paths, "--json")  # its export/ folder too
+    assert proc.returncode == 0 and "using model." in proc.stderr, proc.stderr
+    assert [r["image"] for r in json.loads(proc.stdout)] == [str(p) for p in paths]
+    (tmp_path / "broken.png").write_bytes(b"not an image")  # an unreadable one is in the JSON too, not only stderr
+    proc = compress_subprocess("predict", model, paths[0], tmp_path / "broken.png", "--json")
+    assert proc.returncode == 2
+    listed = json.loads(proc.stdout)
+    assert "top" in listed[0] and listed[1]["image"] == str(tmp_path / "broken.png")
+    assert listed[1]["error"].startswith("cannot read image")
+
+
+def test_deployment_errors_are_one_clear_line(finished_run, tmp_path):
+    model = finished_run / "export" / "model.int8.onnx"
+    bare = tmp_path / "bare.onnx"
+    proto = onnx.load(model)
+    del proto.metadata_props[:]
+    onnx.save(proto, bare)
+    (tmp_path / "junk.onnx").write_bytes(b"\x00garbage")
+    (tmp_path / "broken.png").write_bytes(b"not an image")
+    cases = [
+        (("predict", tmp_path / "missing.onnx", "x.png"), "not found"),
+        (("predict", tmp_path / "junk.onnx", "x.png"), "is not an ONNX model"),
+        (("predict", bare, "x.png"), "has no compress metadata for class_names"),
+        (("predict", model, tmp_path / "broken.png"), "cannot read image"),
+        (("predict", model, tmp_path / "absent.png"), "not found"),
+        (("bench", tmp_path / "junk.onnx"), "is not an ONNX model"),
+        (("bench", model, "--batch", "0"), "positive whole numbers"),
+        (("bench", tmp_path), "is a folder without export/export.json"),
+        # was: exit 0 and no output at all
+        (("predict", model, tmp_path / "empty"), f"no images in '{tmp_path / 'empty'}': give image files"),
+        (("eval", finished_run, tmp_path / "absent"), "is not a folder"),
+        (("eval", tmp_path / "no-run", tmp_path), f"'{tmp_path / 'no-run'}' does not exist"),
+        # was: the whole evaluation first, then "unexpected FileNotFoundError" / ValueError, exit 1
+        (("eval", finished_run, tmp_path, "--png", tmp_path / "nodir" / "c.png"), "does not exist; create it"),
+        (("eval", finished_run, tmp_path, "--png", tmp_path / "c.txt"), "give a file name ending in .png"),
+    ]
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no image here")
+    for args, message in cases:
+        result = invoke(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.stderr and "Traceback" not in result.output
+
+
+def test_bench_compares_two_files_side_by_side(finished_run):
+    fp32, int8 = (finished_run / "export" / f"model.{k}.onnx" for k in ("fp32", "int8"))
+    result = invoke("bench", fp32, int8, "--batch", "1,8", "--threads", "1", "--repeats", "5")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()  # stderr may hold a note that the machine is busy
+    assert "interleaved rounds" in lines[2] and len(lines) == 6
+    assert all(("faster than" in line or "slower than" in line) for line in lines[4:])

@@ -1,0 +1,28 @@
+"""`compress show` (compress.cli.inspect_cmds): files modified by hand, and what the export stage decided."""
+
+import json
+
+from conftest import invoke
+
+
+def test_show_reports_modified_files(run_copy):
+    path = run_copy / "teacher" / "metrics.json"
+    path.write_text(path.read_text() + " ")
+    shown = invoke("show", run_copy).output
+    assert "modified  teacher/metrics.json" in shown and "ok        teacher/model.safetensors" in shown
+
+
+def test_show_names_the_verdict_the_student_alone_and_the_ptq_file(finished_run):
+    shown = invoke("show", finished_run)
+    assert shown.exit_code == 0, shown.output
+    export = json.loads((finished_run / "export" / "export.json").read_text())
+    verdict = export["verdict"]
+    lines = shown.stdout.splitlines()
+    assert lines[-1] == f"deploy export/{verdict['file']}: {verdict['why']}"
+    alone = next(line for line in lines if "student alone, no teacher" in line)
+    baseline = json.loads((finished_run / "manifest.json").read_text())["stages"]["distill"]["metrics"]
+    assert f"{baseline['baseline_val_acc']:.2f}%" in alone
+    ptq = next(line for line in lines if "post-training quantized" in line)
+    assert f"{export['ptq']['onnx_acc']:.2f}%" in ptq
+    deployed = [line for line in lines if line.strip().split("  ")[0].endswith(" - deploy")]
+    assert len(deployed) == 1 and ("int8 ONNX (" in deployed[0] or "fp32 ONNX" in deployed[0])

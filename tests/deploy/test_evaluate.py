@@ -1,0 +1,66 @@
+"""Predicting and evaluating with an exported file (compress.deploy.evaluate): PyTorch's labels, folders and
+globs, and the export stage's own accuracy."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from compress.models.registry import build_model
+from conftest import invoke, write_val_pngs
+
+
+def test_predict_gives_the_labels_pytorch_gives(finished_run, tmp_path):
+    paths, x = write_val_pngs(tmp_path)
+    model = build_model("compact_cnn", (1, 8, 8), 10).eval()
+    from compress.training.checkpoint import load_weights
+    load_weights(model, finished_run / "distill" / "model.safetensors")
+    with torch.no_grad():
+        expected = [str(i) for i in model(x).argmax(1).tolist()]
+    result = invoke("predict", finished_run / "export" / "model.fp32.onnx", *paths, "--json", "--top-k", "2")
+    assert result.exit_code == 0, result.output
+    got = [entry["top"][0]["class"] for entry in json.loads(result.stdout)]
+    assert got == expected
+
+
+def test_predict_takes_folders_and_globs_and_skips_what_it_cannot_read(finished_run, tmp_path):
+    from compress.data.builtin import _digits_arrays
+
+    grey, _ = _digits_arrays()
+    (tmp_path / "imgs" / "sub").mkdir(parents=True)
+    for i in range(3):
+        Image.fromarray((grey[i] * 255 / 16).astype(np.uint8)).save(tmp_path / "imgs" / "sub" / f"{i}.png")
+    (tmp_path / "imgs" / "broken.png").write_bytes(b"not an image")
+    result = invoke("predict", finished_run, tmp_path / "imgs", str(tmp_path / "imgs" / "sub" / "*.png"),
+                    tmp_path / "photos")
+    assert result.exit_code == 2
+    assert result.stdout.count(": ") == 6  # three images from the folder, three from the glob
+    assert f"skipped: cannot read image '{tmp_path / 'imgs' / 'broken.png'}'" in result.stderr
+    assert f"skipped: '{tmp_path / 'photos'}' not found (no such file or folder)" in result.stderr  # was: "image"
+    assert "error: 2 of 8 image(s) could not be read" in result.stderr
+    assert "using model.int8.onnx, as export recommends" in result.stderr
+
+
+def test_eval_on_the_validation_images_equals_the_export_stages_own_accuracy(finished_run, tmp_path):
+    """The tiny run's validation digits written as lossless PNG class folders: eval (onnxruntime, the file's
+    preprocessing) must find exactly the accuracy the export stage measured on the same images."""
+    from compress.data.datasets import load_data
+    from compress.run.config import load_config
+
+    data = load_data(load_config(str(finished_run / "config.yaml")).data, 0)
+    images, labels = data.val.raw(range(len(data.val)))
+    for i, (image, label) in enumerate(zip(images, labels)):
+        folder = tmp_path / "val" / str(int(label))
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image[0].numpy()).save(folder / f"{i}.png")
+    result = invoke("eval", finished_run / "export" / "model.int8.onnx", tmp_path / "val", "--json",
+                    "--png", tmp_path / "confusion.png")
+    assert result.exit_code == 0, result.output
+    measured = json.loads(result.stdout)
+    export = json.loads((finished_run / "export" / "export.json").read_text())
+    assert measured["images"] == len(data.val) == export["int8"]["samples"]
+    assert measured["top1"] == pytest.approx(export["int8"]["onnx_acc"], abs=1e-9)
+    assert sum(map(sum, measured["confusion"])) == len(data.val) and measured["top5"] >= measured["top1"]
+    assert (tmp_path / "confusion.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,110 @@
+"""The one eval-time image rule (compress.deploy.imageio): the shorter side resized and the centre cropped, as
+the ONNX metadata says; 16-bit and float images scaled; a pipe never opened; class names escaped."""
+
+import json
+import os
+import threading
+
+import numpy as np
+import onnx
+import torch
+from PIL import Image
+
+from compress.data.datasets import load_data
+from compress.run.config import load_config
+from conftest import compress_subprocess, data_cfg, invoke, sized_image_tree
+
+
+def test_validation_images_are_resized_by_the_shorter_side_and_centre_cropped(tmp_path):
+    """Not squashed: a 20x40 image keeps its aspect ratio. The expected pixels are computed here, from the file's
+    own pixels: size 16 with eval_crop 0.8 means shorter side 20 (this image's already, so no resize), then the
+    centre 16x16 - rows 2..17, columns 12..27."""
+    sized_image_tree(tmp_path, ["train", "val"], size=(20, 40), count=2)
+    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
+                              "data.eval_crop=0.8"), seed=0)
+    assert data.resize == {"shorter_side": 20, "height": 16, "width": 16, "interpolation": "bilinear",
+                           "antialias": True, "crop": "center"}
+    images, _ = data.val.raw([0])
+    original = np.asarray(Image.open(data.val.files[0]).convert("RGB"))
+    assert torch.equal(images[0], torch.from_numpy(original[2:18, 12:28].copy()).permute(2, 0, 1))
+
+
+def test_validation_images_larger_than_the_rule_are_resized_with_pillows_bilinear_then_cropped(tmp_path):
+    """A 40x80 image: shorter side 40 -> 20 (so 20x40, by Pillow's own bilinear resize), then the centre 16x16."""
+    sized_image_tree(tmp_path, ["train", "val"], size=(40, 80), count=2)
+    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
+                              "data.eval_crop=0.8"), seed=0)
+    images, _ = data.val.raw([1])
+    resized = np.asarray(Image.open(data.val.files[1]).convert("RGB").resize((40, 20), Image.BILINEAR))
+    assert torch.equal(images[0], torch.from_numpy(resized[2:18, 12:28].copy()).permute(2, 0, 1))
+
+
+def test_an_image_already_at_the_models_size_is_zoomed_and_cropped_like_the_metadata_says(tmp_path):
+    """Was: a 16x16 image with eval_crop 0.8 was used as is, while the ONNX file's metadata (and the README's
+    snippet that follows it) resize its shorter side to 20 and crop the centre 16x16 - so predict, eval and the
+    validation accuracy saw other pixels than a deployment does (the fresh-user pass: 26.35 % vs 25.10 %)."""
+    sized_image_tree(tmp_path, ["train", "val"], size=(16, 16), count=2)
+    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
+                              "data.eval_crop=0.8"), seed=0)
+    images, _ = data.val.raw([0])
+    resized = np.asarray(Image.open(data.val.files[0]).convert("RGB").resize((20, 20), Image.BILINEAR))
+    assert torch.equal(images[0], torch.from_numpy(resized[2:18, 2:18].copy()).permute(2, 0, 1))
+    kept = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
+                              "data.eval_crop=0.8", "data.augment=random_resized_crop"), seed=0)  # originals kept
+    resized = np.asarray(Image.open(kept.train.files[0]).convert("RGB").resize((20, 20), Image.BILINEAR))
+    assert torch.equal(kept.train.raw([0])[0][0], torch.from_numpy(resized[2:18, 2:18].copy()).permute(2, 0, 1))
+    same = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16"), seed=0)
+    original = np.asarray(Image.open(same.val.files[0]).convert("RGB"))  # eval_crop 1: the image as it is
+    assert torch.equal(same.val.raw([0])[0][0], torch.from_numpy(original.copy()).permute(2, 0, 1))
+
+
+def test_a_named_pipe_given_as_an_image_is_refused_without_blocking(finished_run, tmp_path):
+    """Was: `compress predict model.onnx some.fifo` blocked forever waiting for a writer."""
+    fifo = tmp_path / "image.png"
+    os.mkfifo(fifo)
+    opened = threading.Event()
+
+    def writer():  # if predict ever opens the pipe for reading, this unblocks it (and the test sees it)
+        with open(fifo, "wb") as f:
+            opened.set()
+            f.write(b"")
+
+    threading.Thread(target=writer, daemon=True).start()
+    proc = compress_subprocess("predict", finished_run / "export" / "model.int8.onnx", fifo, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"image '{fifo}' is not a regular file (a pipe, device or socket)" in proc.stderr
+    assert not opened.is_set(), "the pipe was opened"
+    with open(fifo, "rb"):  # let the writer thread finish
+        pass
+
+
+def _val_digit(tmp_path):
+    data = load_data(load_config(None, ["data.name=digits"]).data, seed=0)
+    images, _ = data.val.raw([3])
+    return images[0, 0].numpy()
+
+
+def test_16_bit_and_float_images_are_scaled_not_clipped(finished_run, tmp_path):
+    pixels = _val_digit(tmp_path)
+    Image.fromarray(pixels).save(tmp_path / "eight.png")
+    Image.fromarray(pixels.astype(np.uint16) * 257).save(tmp_path / "sixteen.png")
+    Image.fromarray(pixels.astype(np.float32) / 255.0, mode="F").save(tmp_path / "float.tiff")
+    assert Image.open(tmp_path / "sixteen.png").mode.startswith("I")
+    model = finished_run / "export" / "model.fp32.onnx"
+    result = invoke("predict", model, tmp_path / "eight.png", tmp_path / "sixteen.png", tmp_path / "float.tiff",
+                    "--json", "--top-k", "3")
+    assert result.exit_code == 0, result.output
+    tops = [[(t["class"], round(t["probability"], 4)) for t in entry["top"]] for entry in json.loads(result.stdout)]
+    assert tops[0] == tops[1] == tops[2]
+
+
+def test_class_names_are_sanitised_before_printing(finished_run, tmp_path):
+    proto = onnx.load(finished_run / "export" / "model.fp32.onnx")
+    for prop in proto.metadata_props:
+        if prop.key == "compress.class_names":
+            prop.value = json.dumps(["\x1b[31mred\x1b[0m"] * 10)
+    onnx.save(proto, tmp_path / "m.onnx")
+    Image.fromarray(_val_digit(tmp_path)).save(tmp_path / "d.png")
+    result = invoke("predict", tmp_path / "m.onnx", tmp_path / "d.png")
+    assert result.exit_code == 0
+    assert "\x1b" not in result.output and "\\x1b[31mred" in result.output

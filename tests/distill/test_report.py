@@ -1,0 +1,22 @@
+"""What the report says of distillation (compress.distill.report): when the distilled student reached the
+student alone."""
+
+from compress.distill.report import epoch_passing
+from stages.distill import report_notes
+
+
+def test_the_report_says_when_the_distilled_student_reached_the_student_alone():
+    history = [{"epoch": 1, "val_acc": 50.0}, {"epoch": 2, "val_acc": 71.0}, {"epoch": 3, "val_acc": 69.0},
+               {"epoch": 4, "val_acc": 74.0}, {"epoch": 5, "val_acc": 74.5}]
+    assert epoch_passing(history, 70.0) == 4  # not 2: epoch 3 fell back below
+    assert epoch_passing(history, 68.0) == 2 and epoch_passing(history, 74.5) == 5
+    assert epoch_passing(history, 75.0) is None
+    m = {"kd_method": "standardized", "val_acc": 74.0, "baseline_val_acc": 70.0, "teacher_val_acc": 80.0,
+         "gain_points": 4.0, "epochs": 4, "epoch_passing_alone": 2}
+    assert ("From epoch 2 of 4 on (50% of the way through the same learning-rate schedule) it stayed at or above "
+            "the student alone's final accuracy.") in report_notes({"metrics": m})[0]
+    assert "only at its last epoch" in report_notes({"metrics": {**m, "epoch_passing_alone": 4}})[0]
+    for quiet in ({"gain_points": -1.0}, {"epoch_passing_alone": None}, {"epoch_passing_alone": 0}):
+        assert "reached the student alone" not in report_notes({"metrics": {**m, **quiet}})[0]
+    old = {k: v for k, v in m.items() if k != "epoch_passing_alone"}  # a run from before this was measured
+    assert "reached the student alone" not in report_notes({"metrics": old})[0]

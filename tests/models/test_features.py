@@ -1,0 +1,39 @@
+"""Hidden features by layer name (compress.models.features): hooks on an unmodified model, and a wrong name
+answered with the layers there are."""
+
+import pytest
+import torch
+
+from compress.errors import InputError
+from compress.models.features import FeatureTap
+from compress.models.registry import build_model
+from compress.run.config import load_config
+
+
+def test_hooks_read_named_layers_of_an_unmodified_torchvision_model():
+    model = build_model("resnet18", (3, 32, 32), 10).eval()
+    tap = FeatureTap(model, ["layer3", "avgpool"])
+    with torch.no_grad():
+        out = model(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 10)
+    assert tap.outputs["layer3"].shape == (2, 256, 8, 8) and tap.outputs["avgpool"].shape == (2, 512, 1, 1)
+    tap.remove()
+    assert not model.layer3._forward_hooks
+
+
+def test_wrong_layer_name_lists_the_available_layers():
+    with pytest.raises(InputError, match=r"the teacher has no layer 'layer9'; available layers: conv1, bn1"):
+        FeatureTap(build_model("resnet18", (3, 32, 32), 10), ["layer9"], role="teacher")
+
+
+def test_a_long_layer_list_shows_the_top_level_first_and_a_near_name_is_suggested():
+    """Was (second fresh-user pass): torchvision resnet18's 62 layers cut at 40 hid `avgpool`, the layer a user
+    wants after the default `pool` is refused."""
+    from compress.distill.teacher import layer_problems
+    from compress.models.features import layer_list
+
+    model = build_model("torchvision:resnet18", (3, 32, 32), 10)
+    assert layer_list(model).startswith("conv1, bn1, relu, maxpool, layer1, layer2, layer3, layer4, avgpool, fc at "
+                                        "the top level; all: conv1, bn1,")
+    d = load_config(None, ["distill.cosine.weight=1"]).distill  # cosine.teacher_layer: pool
+    assert "the teacher has no layer 'pool'; did you mean 'maxpool' or 'avgpool'?" in layer_problems(d, None, model)[0]

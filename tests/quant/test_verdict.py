@@ -1,0 +1,106 @@
+"""Which file to deploy (compress.quant.verdict), weighed on figures given by hand: int8 against fp32, PTQ
+against QAT, and the report's words on them."""
+
+
+
+def _weighed(fp32=2.0, int8=1.0, ptq=None, fp32_vs_int8=(3, 2, 1.0), qat_vs_ptq=(2, 3, 1.0), ptq_kernels=True,
+             float_layers=(), **config):
+    """compress.quant.verdict.weigh on figures given by hand: latencies {kind: ms or (ms, [round ms...])} in the
+    deciding cell (batch 64, 2 threads), pairs as (only_first, only_second, p)."""
+    from compress.deploy.export_report import Paired, Parity, PostTraining
+    from compress.quant.verdict import weigh
+    from compress.run.config import ExportConfig
+
+    def parity(acc):
+        return Parity(0.0, 1.0, 0.0, 1.0, 1.0, 0.0, acc, acc, 400)
+
+    def cells(ms):
+        ms, rounds = ms if isinstance(ms, tuple) else (ms, [ms] * 5)
+        return [{"batch": 1, "threads": 1, "ms": ms / 10}, {"batch": 64, "threads": 2, "ms": ms, "round_ms": rounds}]
+
+    measured = {"fp32": parity(75.5), "int8": parity(75.25), "ptq": None,
+                "pairs": {"fp32_vs_int8": Paired(*fp32_vs_int8), "fp32_vs_ptq": Paired(3, 3, 1.0)}}
+    files, sizes = {"fp32": "model.fp32.onnx", "int8": "model.int8.onnx"}, {"fp32": 4_000_000, "int8": 1_000_000}
+    tables = {"fp32": cells(fp32), "int8": cells(int8)}
+    if ptq is not None:
+        measured["ptq"] = PostTraining(75.5, Paired(*qat_vs_ptq), {"QLinearConv": 3} if ptq_kernels else {})
+        files["ptq"], sizes["ptq"], tables["ptq"] = "model.ptq.onnx", 990_000, cells(ptq)
+    return weigh(measured, tables, files, sizes, list(float_layers), ExportConfig(**config), "onnxruntime")
+
+
+def test_the_verdict_names_the_file_to_deploy_and_says_why_in_one_sentence_with_the_figures():
+    """int8 when it is min_int8_speedup times faster than fp32 in the table's deciding cell; else fp32, called the
+    faster file only when int8 is really slower, with what int8 still offers (its size) and what to change."""
+    fast, kind = _weighed(2.0, 1.0, min_int8_speedup=1.2)
+    assert (fast.deploy, fast.file, fast.int8_faster, kind) == ("int8", "model.int8.onnx", True, "int8")
+    assert fast.why == ("QAT int8 is 2.00x faster than fp32 (batch 64, 2 threads in onnxruntime: 1.00 ms against "
+                        "fp32's 2.00 ms) and 4.0x smaller, at 75.25% validation accuracy against fp32's 75.50% (within "
+                        "noise, McNemar p = 1)")
+    assert [(c.kind, c.ms, c.size_bytes) for c in fast.candidates] == [("fp32", 2.0, 4_000_000),
+                                                                        ("int8", 1.0, 1_000_000)]
+    slow, _ = _weighed(1.0, 1.25, float_layers=["stem.0"])
+    assert (slow.deploy, slow.file, slow.int8_faster) == ("fp32", "model.fp32.onnx", False)
+    assert slow.why == ("QAT int8 is 1.25x slower than fp32 even with stem.0 kept in float (batch 64, 2 threads in "
+                        "onnxruntime: 1.25 ms against fp32's 1.00 ms; needed 1x), so the fp32 file is the faster one "
+                        "to deploy; the int8 file is still 4.0x smaller, if size matters more than speed, at 75.25% "
+                        "validation accuracy against fp32's 75.50% (within noise, McNemar p = 1); to make int8 pay, "
+                        "keep more layers in float (qat.float_layers) or choose a student with more channels per layer")
+    short, _ = _weighed(1.1, 1.0, min_int8_speedup=1.2)
+    assert short.deploy == "fp32" and short.why.startswith("QAT int8 is 1.10x faster than fp32 (batch 64, 2 threads "
+                                                           "in onnxruntime: 1.00 ms against fp32's 1.10 ms; needed "
+                                                           "1.2x), so the fp32 file is the one to deploy;")
+    assert short.why.endswith("int8 is faster, by less than the 1.2x export.min_int8_speedup asks: lower it to "
+                              "deploy the int8 file") and "to make int8 pay" not in short.why
+    # int8 less accurate than fp32 beyond noise: said, with the way back to fp32
+    lossy, _ = _weighed(2.0, 1.0, fp32_vs_int8=(40, 10, 0.0001))
+    assert lossy.deploy == "int8" and ("(40 images right only with fp32, 10 only with QAT int8: beyond noise, McNemar "
+                                       "p = 0.0001; deploy model.fp32.onnx instead if those images matter more than "
+                                       "speed)") in lossy.why
+    for v in (fast, slow, short, lossy):
+        assert v.why.count(". ") == 0 and not v.why.endswith(".")  # one sentence: the report adds the full stop
+
+
+def test_the_verdict_weighs_the_ptq_file_against_the_qat_file_on_accuracy_then_speed():
+    """Of the two int8 files: the more accurate beyond noise; equally accurate, the PTQ file only when it is at
+    least 1.1x faster in every interleaved round (was: the QAT file, without a word about a faster PTQ file)."""
+    rounds = [0.80, 0.82, 0.79, 0.81, 0.80]
+    faster, kind = _weighed(2.0, 1.0, ptq=(0.80, rounds))  # within noise (p = 1), 1.25x faster every round
+    assert (faster.file, kind, faster.deploy) == ("model.ptq.onnx", "ptq", "int8")
+    assert faster.why.startswith("PTQ int8 is as accurate as QAT int8 (within noise: 3 validation images right only "
+                                 "with PTQ, 2 only with QAT, McNemar p = 1) and 1.25x faster than it, in every "
+                                 "interleaved round; it is 2.50x faster than fp32 (batch 64, 2 threads in onnxruntime: "
+                                 "0.80 ms against fp32's 2.00 ms)")
+    assert [c.kind for c in faster.candidates] == ["fp32", "int8", "ptq"]
+    once, kind = _weighed(2.0, 1.0, ptq=(0.80, [0.80, 0.80, 0.80, 0.80, 1.02]))  # one round says otherwise
+    assert (once.file, kind) == ("model.int8.onnx", "int8")
+    assert once.why.endswith("; PTQ int8 is as accurate (within noise: 3 validation images right only with PTQ, 2 "
+                             "only with QAT, McNemar p = 1) but not faster than QAT int8 by 1.1x in every round "
+                             "(1.25x faster)")
+    alike, kind = _weighed(2.0, 1.0, ptq=1.02)
+    assert kind == "int8" and "(1.02x slower)" in alike.why
+    better, kind = _weighed(2.0, 1.0, ptq=1.1, qat_vs_ptq=(2, 161, 2e-45))  # more accurate beyond noise, slower
+    assert kind == "ptq" and better.why.startswith("PTQ int8 is more accurate than QAT int8 beyond noise (161 "
+                                                   "validation images right only with PTQ, 2 only with QAT, McNemar "
+                                                   "p < 0.0001: QAT cost accuracy here, a lower qat.lr may let it keep "
+                                                   "it); it is 1.82x faster than fp32")
+    worse, kind = _weighed(2.0, 1.0, ptq=(0.5, [0.5] * 5), qat_vs_ptq=(161, 2, 2e-45))  # faster, less accurate
+    assert kind == "int8" and worse.why.endswith("; PTQ int8 is less accurate than QAT int8 beyond noise (2 validation "
+                                                 "images right only with PTQ, 161 only with QAT, McNemar p < 0.0001)")
+    no_kernels, kind = _weighed(2.0, 1.0, ptq=(0.5, [0.5] * 5), qat_vs_ptq=(2, 161, 2e-45), ptq_kernels=False)
+    assert kind == "int8" and "PTQ int8 runs no int8 kernel in onnxruntime" in no_kernels.why
+    slow, kind = _weighed(1.0, 1.25, ptq=1.3, min_int8_speedup=1.0)  # neither int8 file pays: fp32, both named
+    assert slow.file == "model.fp32.onnx" and "; of the two int8 files, PTQ int8 is as accurate" in slow.why
+
+
+def test_the_reports_words_on_qat_against_ptq_follow_what_the_verdict_weighed():
+    from compress.quant.verdict import beyond_noise
+
+    m = {"qat_only_right": 2, "ptq_only_right": 161, "qat_vs_ptq_p": 2e-45, "val_images": 500}
+    assert "so model.ptq.onnx is the int8 file the verdict weighed" in beyond_noise({**m, "int8_weighed":
+                                                                                      "model.ptq.onnx"})
+    assert "runs no int8 kernel in model.ptq.onnx, so the verdict kept the QAT file" in beyond_noise(
+        {**m, "int8_weighed": "model.int8.onnx"})
+    assert "model.ptq.onnx is the int8 file to try first" in beyond_noise(m)  # an export from before
+    noise = {**m, "qat_only_right": 2, "ptq_only_right": 3, "qat_vs_ptq_p": 1.0}
+    assert beyond_noise({**noise, "int8_weighed": "model.ptq.onnx"}).endswith(
+        "equally accurate on this evidence; the verdict weighed model.ptq.onnx, the faster of the two")

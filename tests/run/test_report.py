@@ -1,0 +1,80 @@
+"""The run's report (compress.run.report): rows no longer current marked, the precision each PyTorch row was
+measured in, a damaged export report that blocks nothing, and the file to deploy marked."""
+
+import json
+
+from compress.run.report import build_rows, figure
+from compress.run.rundir import RunDir
+from conftest import invoke
+from stages import STAGES
+
+
+def test_the_report_marks_rows_that_are_no_longer_current(run_copy):
+    result = invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.lr=0.0002")
+    assert result.exit_code == 0, result.output
+    report = (run_copy / "report.md").read_text()
+    assert "| int8 ONNX (onnxruntime) *(stale)* |" in report and "| fp32 ONNX (onnxruntime) *(stale)* |" in report
+    assert "export is stale (qat/qat.safetensors changed since this stage ran)" in report
+    teacher_row = next(line for line in report.splitlines() if line.startswith("| teacher"))
+    assert teacher_row.endswith("| - | - |") is False  # the teacher is current; export's timing of it still holds
+    rows = json.loads((run_copy / "report.json").read_text())["rows"]
+    assert {r["id"]: r["current"] for r in rows}["qat"] is True
+
+    result = invoke("run", "--run-dir", run_copy, "--stages", "teacher", "--set", "teacher.epochs=1")
+    assert result.exit_code == 0, result.output
+    report = (run_copy / "report.md").read_text()
+    teacher_row = next(line for line in report.splitlines() if line.startswith("| teacher"))
+    assert "stale" not in teacher_row and teacher_row.endswith("| - | - |"), teacher_row  # old latency dropped
+    precision = json.loads((run_copy / "manifest.json").read_text())["stages"]["distill"]["metrics"]["precision"]
+    how = "PyTorch fp32" if precision == "fp32" else f"PyTorch, evaluated in {precision}"  # bf16 where the CPU has it
+    assert f"| student, distilled ({how}) *(stale)* |" in report
+
+
+def test_a_pytorch_row_says_the_precision_its_accuracy_was_measured_in():
+    """Was: "(PyTorch fp32)" on an accuracy measured under bf16 autocast, a few tenths from the fp32 ONNX row of
+    the same weights (the fresh-user pass read that as the export gaining or losing accuracy)."""
+    from compress.run.report import evaluated_in
+
+    assert evaluated_in({"precision": "fp32"}) == evaluated_in({}) == "PyTorch fp32"
+    assert evaluated_in({"precision": "bf16"}) == "PyTorch, evaluated in bf16"
+
+
+def test_a_damaged_export_report_does_not_block_other_stages(run_copy):
+    path = run_copy / "export" / "export.json"
+    report = json.loads(path.read_text())
+    del report["latency_ms"]
+    path.write_text(json.dumps(report))
+    result = invoke("run", "--run-dir", run_copy, "--stages", "teacher")
+    assert result.exit_code == 0, result.output
+    assert f"export: no rows - its files are damaged: {path}: latency_ms is missing; rerun" in (
+        run_copy / "report.md").read_text()
+
+
+def test_the_report_marks_the_file_to_deploy_and_labels_its_log_axes(finished_run):
+    """The PNG rings the file to deploy and names it in the legend; each log axis carries several labelled ticks
+    (was: one - '100' and '10' - per axis); the teacher's row says its latency is its fp32 ONNX export's (was:
+    'evaluated in bf16' beside that latency, without a word)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, _ = build_rows(RunDir(finished_run), STAGES)
+    verdict = json.loads((finished_run / "export" / "export.json").read_text())["verdict"]
+    assert [r["file"] for r in rows if r.get("ship")] == [f"export/{verdict['file']}"]
+    teacher = next(r for r in rows if r["id"] == "teacher")
+    assert teacher["artifact"].endswith("; latency: its fp32 ONNX export in onnxruntime)")
+    fig = figure(rows)
+    try:
+        for ax in fig.axes:
+            low, high = ax.get_xlim()
+            labelled = [t for t in ax.xaxis.get_major_ticks() if low <= t.get_loc() <= high]
+            assert len(labelled) >= 3, [t.get_loc() for t in labelled]
+            fig.canvas.draw()
+            assert all(t.label1.get_text() for t in labelled)
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert [t for t in legend if t.endswith(" - the file to deploy")] == [
+            next(r["artifact"] for r in rows if r.get("ship")) + " - the file to deploy"]
+    finally:
+        plt.close(fig)
+    assert "**- deploy**" in (finished_run / "report.md").read_text()
