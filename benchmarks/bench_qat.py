@@ -28,13 +28,13 @@ from compress.models.registry import build_model
 from compress.quant import fx
 
 
-def step_fn(model, reference, optimizer, x, y):
+def step_fn(model, reference, optimizer, x, y, ref_bf16=False):
     def step():
         logits = model(x)
         loss = F.cross_entropy(logits, y)
         if reference is not None:
-            with torch.no_grad():
-                target = reference(x)
+            with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=ref_bf16):
+                target = reference(x).float()
             loss = loss + hinton(logits, target, 1.0)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -58,6 +58,14 @@ def variants(name, size, batch, classes=10):
             key = "qat" + ("" if kd else "_no_kd") + ("_frozen" if frozen else "")
             out[key] = step_fn(prepared, reference if kd else None, torch.optim.Adam(prepared.parameters(), 1e-4),
                                x, y)
+    # channels-last memory layout for the fake-quant model and its input; the float reference in bf16 autocast
+    cl = torch.channels_last
+    prepared = fx.prepare(copy.deepcopy(float_model), x[:2], "x86", "full", True).to(memory_format=cl)
+    ref_cl = copy.deepcopy(reference).to(memory_format=cl)
+    out["qat_channels_last"] = step_fn(prepared, ref_cl, torch.optim.Adam(prepared.parameters(), 1e-4),
+                                       x.contiguous(memory_format=cl), y)
+    out["qat_channels_last_ref_bf16"] = step_fn(prepared, ref_cl, torch.optim.Adam(prepared.parameters(), 1e-4),
+                                                x.contiguous(memory_format=cl), y, ref_bf16=True)
     return out
 
 
