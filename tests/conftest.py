@@ -79,6 +79,18 @@ def random_seed(name):
     return seed
 
 
+# Fixtures that do a run: a test that uses one (directly or through another fixture) is end-to-end, marked `e2e`
+# here so that none lands in the fast tier (`pytest -m "not e2e"`) unmarked. Tests that run the pipeline or the
+# CLI's `run` themselves, or take more than ~2 s, carry the mark in their file.
+E2E_FIXTURES = {"finished_run", "run_copy", "ddp_run", "teacher_run"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory, tiny_config):
     """All four stages on the tiny config, once per session. Treat as read-only."""

@@ -15,6 +15,8 @@ from compress.fileio import sha256_file
 from compress.training.checkpoint import read_weights
 from conftest import file_bytes, invoke
 
+pytestmark = pytest.mark.e2e
+
 
 def write(path, text):
     path.write_text(text)

@@ -33,6 +33,7 @@ def test_omp_num_threads_is_honoured_unless_torchrun_set_it():
     assert training_threads(2, worker) == (max(1, cpus // 2), f"{cpus} usable CPUs / 2 processes")
 
 
+@pytest.mark.e2e
 def test_a_run_takes_the_users_omp_num_threads_and_says_so(tmp_path, tiny_config):
     from conftest import compress_subprocess
 
@@ -69,6 +70,7 @@ def test_a_busy_neighbour_is_seen_and_named_with_the_thread_count_that_avoids_it
         assert note.endswith("set train.threads to choose the count yourself")
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not os.path.exists("/proc/stat") or usable_cpus() < 2, reason="needs /proc/stat and 2 CPUs")
 def test_a_run_that_chose_its_own_thread_count_trains_on_the_free_cores_and_one_told_a_count_does_not(
         tiny_config, tmp_path):

@@ -40,6 +40,7 @@ def mount_point(tmp_path):
         subprocess.run(["umount", "-l", str(target)], capture_output=True)
 
 
+@pytest.mark.e2e
 def test_a_full_disk_is_one_sentence_and_keeps_the_files_written(mount_point, tmp_path, tiny_config):
     """Was: `unexpected OSError: [Errno 28] No space left on device`."""
     disk = mount_point("-t", "tmpfs", "-o", "size=600k", "tmpfs", target=tmp_path / "disk")
@@ -70,6 +71,7 @@ def test_a_read_only_stage_folder_is_one_sentence_and_keeps_its_files(mount_poin
         k: v for k, v in before.items() if k.startswith("export/")}
 
 
+@pytest.mark.e2e
 def test_escape_sequences_from_names_never_reach_the_terminal_or_the_log(photos, tmp_path):
     """Was: a class folder named with an ESC sequence reached the terminal raw in the log lines and in errors."""
     root, _ = photos

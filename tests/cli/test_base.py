@@ -22,12 +22,14 @@ def test_every_help_teaches_with_an_example(command):
     assert "Example" in result.output
 
 
+@pytest.mark.e2e
 def test_version_in_process_and_installed_script():
     assert __version__ in invoke("--version").output
     proc = compress_subprocess("--version")
     assert proc.returncode == 0 and __version__ in proc.stdout
 
 
+@pytest.mark.e2e
 def test_library_warnings_go_to_the_runs_log_not_the_terminal(tmp_path, tiny_config):
     """A model that warns on every forward pass: the terminal stays ours; log.txt keeps the warnings; -v shows
     them too."""

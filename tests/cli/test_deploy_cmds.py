@@ -4,8 +4,11 @@ installed script, errors in one line, two files side by side."""
 import json
 
 import onnx
+import pytest
 
 from conftest import compress_subprocess, invoke, write_val_pngs
+
+pytestmark = pytest.mark.e2e
 
 
 def test_predict_on_a_run_whose_export_is_stale_says_so(run_copy, tmp_path):

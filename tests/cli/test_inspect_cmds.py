@@ -2,7 +2,11 @@
 
 import json
 
+import pytest
+
 from conftest import invoke
+
+pytestmark = pytest.mark.e2e
 
 
 def test_show_reports_modified_files(run_copy):

@@ -3,16 +3,20 @@ and what the listing commands print."""
 
 import shutil
 
+import pytest
+
 import stages
 from conftest import invoke
 
 
+@pytest.mark.e2e
 def test_unknown_stage_lists_the_valid_ones():
     result = invoke("run", "--stages", "teacher,distil")
     assert result.exit_code == 2
     assert "unknown stage 'distil'" in result.output and "teacher, distill, qat, export" in result.output
 
 
+@pytest.mark.e2e
 def test_repeated_stages_add_up_and_a_name_beside_a_run_dir_is_refused(tmp_path):
     """Was (fresh-user pass): `--stages teacher --stages distill` ran distill alone, and --name beside --run-dir was
     ignored without a word."""

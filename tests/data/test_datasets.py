@@ -1,6 +1,7 @@
 """Loading a dataset (compress.data.datasets): the split and the normalisation, and the data summary a run
 prints before its first stage."""
 
+import pytest
 import torch
 
 from compress.data.datasets import load_data
@@ -24,6 +25,7 @@ def test_normalisation_is_computed_on_the_train_split():
     assert given.mean == (0.5,) and given.std == (0.5,)
 
 
+@pytest.mark.e2e
 def test_the_data_summary_comes_before_the_first_stage(tmp_path):
     image_tree(tmp_path / "img")
     result = invoke("run", "--run-dir", tmp_path / "run", "--stages", "teacher", "--set", "data.name=imagefolder",

@@ -203,6 +203,7 @@ def test_the_store_key_of_an_image_folder_follows_its_images_not_where_or_when_t
     assert image.stat().st_size == size and key(tmp_path / "elsewhere" / "b") != key_before
 
 
+@pytest.mark.e2e
 def test_a_run_lists_its_images_once_however_many_stages_ask_and_the_next_run_lists_them_again(tmp_path,
                                                                                                 monkeypatch):
     """Was: one run of teacher and distill listed data.root 6 times and digested it twice (the data summary, each
@@ -234,6 +235,7 @@ def test_a_run_lists_its_images_once_however_many_stages_ask_and_the_next_run_li
     assert "teacher: running again: the images in data.root changed" in again.stderr
 
 
+@pytest.mark.e2e
 def test_a_tiny_or_lopsided_folder_runs_end_to_end_and_the_summary_says_what_its_numbers_are_worth(tmp_path):
     """Was: 2 classes of 2 images (1 validation image) crashed distill with an IndexError after the teacher had
     trained; a class left without training images by the split, or a 1,000:40 imbalance, went unmentioned."""
@@ -259,6 +261,7 @@ def test_a_tiny_or_lopsided_folder_runs_end_to_end_and_the_summary_says_what_its
     assert "the classes are imbalanced (cat: 40 images, dog: 2): always answering cat scores " in plan.output
 
 
+@pytest.mark.e2e
 def test_a_train_folder_without_val_is_split_not_taken_for_a_class(tmp_path):
     """Was: 'found 1 class folder(s)' - train/ taken for the only class."""
     image_tree(tmp_path / "img", splits=("train",), count=10)
@@ -269,6 +272,7 @@ def test_a_train_folder_without_val_is_split_not_taken_for_a_class(tmp_path):
     assert "2 classes (cat, dog); 18 training / 2 validation images" in result.output
 
 
+@pytest.mark.e2e
 def test_an_empty_class_is_an_error_before_anything_is_written(tmp_path):
     image_tree(tmp_path / "img")
     for f in (tmp_path / "img" / "val" / "dog").iterdir():
@@ -286,6 +290,7 @@ def plan(photos_root, run_dir, *sets):
     return compress_subprocess(*args, *[a for s in sets for a in ("--set", s)], timeout=HANG)
 
 
+@pytest.mark.e2e
 def test_a_self_linked_unlabelled_folder_is_listed_once_in_seconds(photos, tmp_path):
     """Was: `ln -s . l1; ln -s . l2` in data.unlabeled - the walk followed the links without end (4 GB after 10
     minutes); a single self-link counted each image many times."""
@@ -317,6 +322,7 @@ def test_a_class_folder_linked_to_itself_counts_each_image_once(photos, tmp_path
         class_tree(str(root / "train"))
 
 
+@pytest.mark.e2e
 def test_unlabelled_images_that_are_labelled_ones_are_refused_naming_the_overlap(photos, tmp_path):
     """Was: data.unlabeled pointing at data.root (or its val/) trained the student on the validation images
     without a word, and the report's gain was inflated."""

@@ -171,6 +171,7 @@ def run_args(root, run, *extra, stages="teacher"):
             "--set", "train.progress=false", *extra)
 
 
+@pytest.mark.e2e
 def test_two_processes_decode_the_images_once_into_the_same_cache_as_one(tmp_path):
     root = tmp_path / "photos"
     imagefolder(root, per_class=600)  # 1,200 training images: 3 chunks, decoded by two ranks round-robin
@@ -189,6 +190,7 @@ def test_two_processes_decode_the_images_once_into_the_same_cache_as_one(tmp_pat
     assert "1,200 train images at shorter side 20" in two.stderr and "decoded in" in two.stderr
 
 
+@pytest.mark.e2e
 def test_every_stage_of_a_run_reuses_the_pixels_the_first_decoded(tmp_path):
     root = tmp_path / "photos"
     imagefolder(root, per_class=20)

@@ -2,6 +2,8 @@
 epoch with the same batches, and no last batch of a single image."""
 
 
+import pytest
+
 from compress.data.datasets import load_data
 from compress.data.sampling import EpochBatches, eval_loader, train_loader
 from conftest import data_cfg, invoke
@@ -18,6 +20,7 @@ def test_a_last_batch_of_one_image_is_merged_into_the_one_before():
     assert [len(b) for _, b in EpochBatches(66, 64)] == [64, 2]  # two images train fine: left alone
 
 
+@pytest.mark.e2e
 def test_mobilenet_v2_on_65_digits_trains(tmp_path):
     """Was: 'unexpected ValueError: Expected more than 1 value per channel when training' (a final batch of one
     image through BatchNorm)."""

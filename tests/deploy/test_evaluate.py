@@ -11,6 +11,8 @@ from PIL import Image
 from compress.models.registry import build_model
 from conftest import invoke, write_val_pngs
 
+pytestmark = pytest.mark.e2e
+
 
 def test_predict_gives_the_labels_pytorch_gives(finished_run, tmp_path):
     paths, x = write_val_pngs(tmp_path)

@@ -16,6 +16,8 @@ from compress.deploy import export_report
 from compress.deploy.export_report import ExportReport
 from conftest import file_bytes, invoke
 
+pytestmark = pytest.mark.e2e
+
 # the keys export.json had before its schema was written down (the previous version's file, as `compress run`
 # left it in a finished run directory): a run directory it finished must still be read, shown and skipped
 EARLIER_KEYS = ("opset", "params", "files", "size_bytes", "size_ratio_int8_fp32", "fp32", "int8", "int8_kernels",

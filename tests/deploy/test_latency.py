@@ -1,5 +1,9 @@
 """Latency tables (compress.deploy.latency): a row per (batch, threads) cell for every file."""
 
+import pytest
+
+pytestmark = pytest.mark.e2e
+
 
 
 def test_latency_tables_of_several_files_have_a_row_per_cell(finished_run):

@@ -12,6 +12,8 @@ from compress.errors import InputError
 from compress.run.config import load_config
 from conftest import invoke
 
+pytestmark = pytest.mark.e2e
+
 
 def onnx_with_resize(run, tmp, rule, input_shape=None):
     """The int8 file with its compress.resize metadata replaced by `rule` (and compress.input_shape by

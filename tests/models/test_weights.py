@@ -84,6 +84,7 @@ def test_weights_for_another_number_of_image_channels_say_so_and_what_to_set(tmp
     assert "data.channels=3" in message and "another architecture" not in message
 
 
+@pytest.mark.e2e
 def test_weights_for_another_number_of_channels_fail_the_run_in_one_sentence(tmp_path, tiny_config):
     # the digits of the tiny config have 1 channel; the teacher's weights (Lightning-style) were made for 3
     rgb = build_model("resnet14", (3, 8, 8), 10).state_dict()
@@ -219,6 +220,7 @@ def photo_folder(root):
                 Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(root / split / c / f"{i}.png")
 
 
+@pytest.mark.e2e
 def test_a_run_starts_the_teacher_from_the_cached_weights_offline_or_says_what_to_place(torch_home, tmp_path):
     photo_folder(tmp_path / "photos")
     args = ["run", "--run-dir", tmp_path / "run", "--stages", "teacher", "--set", "data.name=imagefolder",

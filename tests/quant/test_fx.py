@@ -11,7 +11,9 @@ from compress.quant import fx as quant
 from compress.quant.onnx_export import export_onnx
 
 
-@pytest.mark.parametrize("name", ["resnet18", "quantizable_mobilenet_v2", "compact_cnn", "deep_cnn"])
+@pytest.mark.parametrize("name", [pytest.param("resnet18", marks=pytest.mark.e2e),  # ~5 s each
+                                  pytest.param("quantizable_mobilenet_v2", marks=pytest.mark.e2e),
+                                  "compact_cnn", "deep_cnn"])
 def test_qat_prepares_trains_and_converts(name):
     """QAT on bigger registry models, on random data: prepare, a few steps, convert, int8 runs."""
     torch.manual_seed(0)

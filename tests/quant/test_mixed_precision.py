@@ -1,6 +1,8 @@
 """The latency-aware choice of layers kept in float (compress.quant.mixed_precision.choose_float_layers), driven
 by a timer whose times come from a cost model instead of onnxruntime: each decision rule is checked alone."""
 
+import pytest
+
 from compress.models.registry import build_model
 from compress.quant.mixed_precision import candidate_groups, choose_float_layers
 
@@ -87,6 +89,7 @@ def test_a_stop_request_is_honoured_between_candidates():
     assert len(timer.asked) == 2  # fp32 vs all-int8, then the stem; stopped before the classifier
 
 
+@pytest.mark.e2e
 def test_the_real_timer_builds_times_and_chooses_among_a_depthwise_models_int8_candidates():
     """The same greedy choice driven by the real Timer (prepare, calibrate, convert, ONNX export, onnxruntime),
     on a tiny model with a stem, a depthwise and a pointwise convolution and a classifier: every candidate

@@ -14,7 +14,7 @@ from compress.run.config import load_config
 
 
 @pytest.mark.parametrize("name,shape", [("light_cnn", (3, 32, 32)), ("deep_cnn", (1, 28, 28)),
-                                        ("resnet18", (3, 32, 32))])
+                                        pytest.param("resnet18", (3, 32, 32), marks=pytest.mark.e2e)])  # ~4 s
 def test_registry_models_export_check_and_match_onnxruntime(tmp_path, name, shape):
     torch.manual_seed(0)
     model = build_model(name, shape, 10).eval()

@@ -212,6 +212,7 @@ def test_a_stage_sees_only_its_config_keys_and_train():
             read()
 
 
+@pytest.mark.e2e
 def test_the_pipeline_hands_each_stage_the_view_so_an_undeclared_read_fails(tiny_config, tmp_path, monkeypatch):
     """A stage that reads a key it did not declare would not rerun when that key changes: the run fails at the
     read, naming the key (here the teacher stage with 'teacher' taken out of its keys)."""
@@ -300,6 +301,7 @@ def test_norm_weight_decay_decays_the_1d_parameters_apart_and_its_null_keeps_fin
         {"teacher": {"lr": 0.1, "norm_weight_decay": 0.0}}
 
 
+@pytest.mark.e2e
 def test_a_config_with_a_key_twice_is_refused_with_both_lines(tmp_path):
     config = tmp_path / "twice.yaml"
     config.write_text("teacher:\n  epochs: 3\n  lr: 0.1\n  epochs: 30\n")
@@ -310,6 +312,7 @@ def test_a_config_with_a_key_twice_is_refused_with_both_lines(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.e2e
 def test_a_folder_given_with_a_built_in_dataset_is_refused_not_ignored(tmp_path):
     """Was: exit 0, training on the shipped MNIST digits."""
     result = invoke("run", "--run-dir", tmp_path / "run", "--set", f"data.root={tmp_path}")

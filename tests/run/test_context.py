@@ -2,6 +2,10 @@
 
 import json
 
+import pytest
+
+pytestmark = pytest.mark.e2e
+
 
 def test_every_training_stage_writes_its_epochs_for_tensorboard(finished_run):
     """Per-epoch scalars (loss terms, accuracy, learning rate, images/s) in <stage>[/<part>]/tensorboard/, read

@@ -12,6 +12,8 @@ import yaml
 from compress.run.config import load_config
 from conftest import file_bytes, invoke, tree
 
+pytestmark = pytest.mark.e2e
+
 EXPECTED_TREE = [
     "config.yaml",
     "distill/baseline.safetensors", "distill/baseline/last/checkpoint.safetensors", "distill/baseline/metrics.json",

@@ -13,6 +13,7 @@ from compress.run.config import load_config
 from conftest import image_tree, invoke
 
 
+@pytest.mark.e2e
 def test_a_run_directory_inside_the_images_is_refused_before_anything_is_written(tmp_path):
     """Was: `cd ~/photos; compress run --set data.root=.` put artifacts/ among the class folders: an error telling
     the user to remove it, or - once it held report.png - a fourth class of report plots, exit 0."""
@@ -31,6 +32,7 @@ def test_a_run_directory_inside_the_images_is_refused_before_anything_is_written
     assert beside.exit_code == 0, beside.output
 
 
+@pytest.mark.e2e
 def test_a_split_folder_given_as_the_root_is_named(tmp_path):
     """Was: silently split; now the summary says the folder has siblings and how to use them."""
     image_tree(tmp_path / "img", count=10)
@@ -39,6 +41,7 @@ def test_a_split_folder_given_as_the_root_is_named(tmp_path):
     assert f"point data.root at {tmp_path / 'img'} to use its splits as given" in result.output
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("settings, expected", [
     (["distill.hint.student_layer=block7"], "distill.hint.student_layer: the student has no layer 'block7'"),
     (["distill.hint.teacher_layer=block7"], "distill.hint.teacher_layer: the teacher has no layer 'block7'"),
@@ -55,6 +58,7 @@ def test_a_feature_loss_layer_that_cannot_work_fails_before_the_teacher_trains(t
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.e2e
 def test_a_weights_file_that_cannot_load_fails_before_the_teacher_trains(tmp_path, tiny_config):
     # model.student_weights is read by the distill stage: a damaged or mismatched file used to be found only
     # after the teacher stage had trained (hours, at a user's scale); both are named at once, nothing written
@@ -158,6 +162,7 @@ def test_a_teacher_that_fails_on_the_images_is_a_config_error_with_feature_losse
             assert not any("Wrong image height" in p for p in found), found
 
 
+@pytest.mark.e2e
 def test_a_model_torch_fx_cannot_trace_fails_before_any_training(tmp_path, monkeypatch):
     (tmp_path / "dynamic.py").write_text(textwrap.dedent("""\
         import torch.nn as nn
@@ -183,6 +188,7 @@ def test_a_model_torch_fx_cannot_trace_fails_before_any_training(tmp_path, monke
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.e2e
 def test_a_teacher_taken_as_given_whose_head_would_be_new_is_refused(tmp_path, tiny_config):
     """Was: teacher.epochs 0 with 1000-class weights replaced the head with an untrained one and went on ("used
     as given: val acc 31.11 %"); distill then only said the teacher was hardly better than chance."""

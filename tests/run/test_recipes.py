@@ -4,8 +4,12 @@ models and layers run."""
 import json
 import os
 
+import pytest
+
 from compress.training.checkpoint import read_weights
 from conftest import ROOT, compress_subprocess, invoke
+
+pytestmark = pytest.mark.e2e
 
 
 def test_recipes_work_by_name_and_by_their_repository_path_from_any_folder(tmp_path):

@@ -13,6 +13,8 @@ import pytest
 from compress.run.rundir import RunDir, RunLock
 from conftest import HANG, compress_subprocess, file_bytes, invoke
 
+pytestmark = pytest.mark.e2e
+
 
 def test_a_folder_that_is_not_a_run_is_refused_and_left_alone(tmp_path):
     foreign = tmp_path / "photos"

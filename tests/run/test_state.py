@@ -337,6 +337,7 @@ def test_reading_a_stale_upstream_output_warns(run, caplog):
     assert "reading distill/model.safetensors from the distill stage, which is stale" in caplog.text
 
 
+@pytest.mark.e2e
 def test_changed_images_run_the_stages_again_and_a_teacher_of_other_classes_is_refused(tmp_path):
     """Was: images added or a class folder renamed, and every stage said "up to date, skipped"; a distill rerun
     then distilled from a teacher whose class indices meant other classes (or failed with a bare size mismatch)."""
@@ -368,6 +369,7 @@ def test_changed_images_run_the_stages_again_and_a_teacher_of_other_classes_is_r
         == {k: v for k, v in before.items() if not k.endswith(("log.txt", "manifest.json"))}
 
 
+@pytest.mark.e2e
 def test_a_setting_that_cannot_change_the_result_does_not_run_the_stages_again(tmp_path, monkeypatch):
     """Was (fresh-user pass): the same folder spelled with a trailing slash, relatively or through a link, a
     smaller image cache, data.download, data.val_fraction beside train/ and val/ folders, or data.flip set to its
@@ -391,6 +393,7 @@ def test_a_setting_that_cannot_change_the_result_does_not_run_the_stages_again(t
     assert "teacher: running again: config changed (teacher.lr)" in result.stderr, result.stderr
 
 
+@pytest.mark.e2e
 def test_a_stage_recorded_by_an_older_version_starts_following_its_images_once_skipped(tmp_path):
     """The review's point: a teacher an older version recorded (no image digest) is skipped after the upgrade -
     and must then follow its images: a later change to them runs it again."""

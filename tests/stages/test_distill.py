@@ -16,6 +16,8 @@ from compress.distill.report import epoch_passing
 from compress.training.checkpoint import read_weights
 from conftest import compress_subprocess, fault_subprocess, invoke
 
+pytestmark = pytest.mark.e2e
+
 STUDENT = "distill/model.safetensors"
 
 

@@ -9,10 +9,13 @@ import subprocess
 
 import numpy as np
 import onnx
+import pytest
 from PIL import Image
 
 from compress.deploy.onnx_model import metadata_of, optimized_op_types
 from conftest import invoke
+
+pytestmark = pytest.mark.e2e
 
 
 def test_export_json_reports_parity_sizes_kernels_and_latency(finished_run):

@@ -6,6 +6,7 @@ import textwrap
 
 import numpy as np
 import onnx
+import pytest
 import torch
 import torchvision
 from PIL import Image
@@ -13,6 +14,8 @@ from safetensors.torch import save_file
 
 from compress.training.checkpoint import read_weights
 from conftest import invoke
+
+pytestmark = pytest.mark.e2e
 
 
 def photo_folder(root, classes=("cat", "dog"), train=6, val=2):

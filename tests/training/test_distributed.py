@@ -12,6 +12,8 @@ from compress.training.checkpoint import read_weights
 from compress.training.precision import cpu_bf16_support
 from conftest import FAULTS, ROOT, compress_subprocess
 
+pytestmark = pytest.mark.e2e
+
 CENSUS = os.path.join(ROOT, "tests", "thread_census")
 GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
 

@@ -4,6 +4,7 @@ for a model that takes it."""
 import json
 import textwrap
 
+import pytest
 import torch
 from torch import nn
 
@@ -42,6 +43,7 @@ def test_auto_precision_on_a_cpu_trains_in_bf16_only_where_it_pays():
     assert forced.name == "bf16" and forced.reason == "train.precision=bf16"
 
 
+@pytest.mark.e2e
 def test_a_user_model_that_cannot_take_channels_last_tensors_trains_in_the_default_layout(tmp_path, monkeypatch,
                                                                                           tiny_config):
     # teacher and distill train in channels-last (faster convolutions); `.view` on a feature map cannot take it
