@@ -1,6 +1,7 @@
 """The CPU count and default training threads (compress.cpus): the affinity mask, not the machine, and the
 user's OMP_NUM_THREADS honoured where torchrun did not set it."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -117,7 +118,12 @@ def test_export_says_its_timings_are_noisy_beside_a_busy_neighbour_and_shows_eve
     assert metrics["cpus_busy_while_timing"] >= 0.5
     report = (run_copy / "report.md").read_text()
     assert "- Other processes kept " in report
-    for runtime in metrics["runtimes"][1:]:  # OpenVINO where it is installed
+    others = metrics["runtimes"][1:]  # the runtimes timed beside onnxruntime: OpenVINO where it is installed
+    if importlib.util.find_spec("openvino") is None:
+        pytest.skip("OpenVINO is not installed (the test extras install it): the report's line for a second runtime "
+                    "is not checked (the rest of this test passed)")
+    assert "openvino" in others, f"OpenVINO is installed, yet export timed only {metrics['runtimes']}"
+    for runtime in others:
         t = metrics["other_runtimes"][runtime]
         assert f"- In {'OpenVINO' if runtime == 'openvino' else runtime} (batch {t['batch']}, {t['threads']} " \
                f"threads): int8 {t['int8']:.3f} ms against fp32 {t['fp32']:.3f} ms" in report
