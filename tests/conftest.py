@@ -71,10 +71,12 @@ def fault_subprocess(*args, fault, env=None, timeout=600):
                           env=full_env, timeout=timeout)
 
 
-def random_seed(name):
-    """A seed for a randomised test: COMPRESS_TEST_SEED if set, else a fresh one; printed so a failure can be
-    replayed with COMPRESS_TEST_SEED=<seed>."""
-    seed = int(os.environ.get("COMPRESS_TEST_SEED") or random.SystemRandom().randrange(2**32))
+def random_seed(name, default):
+    """The seed of a randomised test: `default`, so that every run of the suite (CI's too) draws the same; else
+    COMPRESS_TEST_SEED=<seed> (another seed, or a failure's, replayed) or COMPRESS_TEST_SEED=random (a fresh one).
+    Printed, so that any run can be replayed."""
+    chosen = os.environ.get("COMPRESS_TEST_SEED") or str(default)
+    seed = random.SystemRandom().randrange(2**32) if chosen == "random" else int(chosen)
     print(f"{name}: COMPRESS_TEST_SEED={seed}")
     return seed
 

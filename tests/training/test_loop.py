@@ -250,6 +250,10 @@ def test_weights_blown_up_by_a_step_fail_the_stage_with_advice_not_an_exception(
 
 FILES = {"teacher": "teacher/model.safetensors", "distill": "distill/model.safetensors", "qat": "qat/qat.safetensors"}
 STEPS_PER_EPOCH = 51  # 1,617 digits / batch 32
+# the kill moments of the default seed: teacher at step 5 of epoch 2 (resumed from epoch 1's end), distill at
+# step 17 of epoch 1 and qat at step 38 of epoch 2 (each resumed mid-epoch, from a train.checkpoint_every=7
+# checkpoint); COMPRESS_TEST_SEED=<seed> or =random draws others
+KILL_SEED = 153
 
 
 def assert_identical(run_a, run_b, stages):
@@ -264,7 +268,7 @@ def assert_identical(run_a, run_b, stages):
 
 
 def test_kill_9_in_each_training_stage_then_resume_is_bit_identical(finished_run, tiny_config, tmp_path):
-    seed = random_seed("kill-9 moments")
+    seed = random_seed("kill-9 moments", KILL_SEED)
     rng = random.Random(seed)
     moments = {stage: (rng.randrange(2), rng.randrange(STEPS_PER_EPOCH - 1)) for stage in FILES}
     if all(epoch == 0 for epoch, _ in moments.values()):  # at least one kill must find a checkpoint to resume
