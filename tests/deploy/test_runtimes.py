@@ -1,4 +1,4 @@
-"""The latency runtimes are one registry (compress.deploy.runtimes.RUNTIMES): the config, the CLI and the README
+"""The latency runtimes are one registry (compress.deploy.runtimes.RUNTIMES): the config, the CLI and the docs
 name the same ones, every installed runtime times a real file by the one protocol, and a runtime registered as
 docs/extending.md says is used end to end - by an export and by `compress bench` - with nothing else changed."""
 
@@ -23,7 +23,7 @@ def _literal_choices(tp):
     return next(c for a in typing.get_args(tp) if (c := _literal_choices(a)))
 
 
-def test_runtime_names_agree_in_the_registry_the_config_the_cli_and_the_readme():
+def test_runtime_names_agree_in_the_registry_the_config_the_cli_and_the_docs():
     from compress.cli import COMMANDS
 
     names = tuple(RUNTIMES)
@@ -32,11 +32,9 @@ def test_runtime_names_agree_in_the_registry_the_config_the_cli_and_the_readme()
     runtime_option = next(p for p in COMMANDS["bench"].params if p.name == "runtime")
     assert tuple(runtime_option.type.choices) == names
     assert all(r.label in runtime_option.help or name in runtime_option.help for name, r in RUNTIMES.items())
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    row = re.search(r"^\| `export\.runtimes` \| list of (.*?) or null \|", readme, re.M)
-    assert row and tuple(row.group(1).split(" | ")) == names, "regenerate the README's config reference"
-    bench = re.search(r"\[--runtime ([a-z0-9_|-]+)\]", readme.replace("\n", " "))
-    assert bench and tuple(bench.group(1).split("|")) == names, "README's `compress bench` line lists other runtimes"
+    reference = open(os.path.join(ROOT, "docs", "configuration.md"), encoding="utf-8").read()
+    row = re.search(r"^\| `export\.runtimes` \| list of (.*?) or null \|", reference, re.M)
+    assert row and tuple(row.group(1).split(" | ")) == names, "regenerate docs/configuration.md's reference"
 
 
 def test_the_config_loads_no_runtime():
