@@ -6,7 +6,8 @@ before the pixel cache (a git commit, run from a worktree) beside the current co
     python benchmarks/bench_decode_once.py --root ../shared/data/imagenette-dev --before /tmp/before \\
         --work /tmp/decode --epochs 2 --rounds 3 --out benchmarks/results/decode_once.json      # ~30 min
 
-Variants: `before` (the worktree's code, train.num_workers 2: decoding in two worker processes, as its recipe did),
+Both versions read the photos recipe without its `*.norm_weight_decay` keys (the earlier code does not know
+them), so both decay every parameter alike. Variants: `before` (the worktree's code, train.num_workers 2: decoding in two worker processes, as its recipe did),
 `after` (this code, train.num_workers 2) and `after, in process` (this code, train.num_workers 0). Each run is a
 fresh run directory: `after` decodes into its own cache in its first stage (the time is in its figures); the
 cache's size on disk and in memory is read from the run's log and cache folder.
@@ -30,7 +31,7 @@ def run(args, variant, seed, run_dir):
     env = dict(os.environ)
     if code == "before":  # the worktree's packages first on the path: its compress and stages are imported
         env["PYTHONPATH"] = args.before + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "compress", "run", "-c", os.path.join(ROOT, "configs", "photos.yaml"),
+    cmd = [sys.executable, "-m", "compress", "run", "-c", args.config,
            "--run-dir", run_dir, "--stages", "teacher", "--set", f"data.root={args.root}",
            "--set", f"teacher.epochs={args.epochs}", "--set", f"seed={seed}", "--set", f"train.num_workers={workers}",
            "--set", "model.student=torchvision:mobilenet_v2",  # a name both versions know (the stage does not read it)
@@ -52,6 +53,21 @@ def run(args, variant, seed, run_dir):
             "images_per_s_by_epoch": [e["images_per_s"] for e in epochs],
             "held": [{"images": h[0], "role": h[1], "side": int(h[2]), "mb": int(h[3].replace(",", "")),
                       "where": h[4]} for h in held], "cache_disk_mb": round(disk / 2**20, 1)}
+
+
+def common_config(work):
+    """The photos recipe as both versions read it: without the keys the earlier code does not know
+    (`*.norm_weight_decay`; left out, the current code decays norm layers like the rest, as the earlier did)."""
+    import yaml
+
+    with open(os.path.join(ROOT, "configs", "photos.yaml")) as f:
+        cfg = yaml.safe_load(f)
+    for section in ("teacher", "distill", "qat"):
+        (cfg.get(section) or {}).pop("norm_weight_decay", None)
+    path = os.path.join(work, "photos-common.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+    return path
 
 
 def summary(rows):
@@ -88,6 +104,7 @@ def main():
     args.root, args.work = os.path.abspath(args.root), os.path.abspath(args.work)
     args.before = os.path.abspath(args.before)
     os.makedirs(args.work, exist_ok=True)
+    args.config = common_config(args.work)
     rows = []
     for r in range(args.rounds):
         order = list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]

@@ -5,7 +5,8 @@ wall time per stage, as a user gets them.
     python benchmarks/bench_photos.py --root ../shared/data/imagenette-dev --work /tmp/photos \\
         --seeds 0,1,2 --out benchmarks/results/photos.json          # ~1 h per seed on 2 cores
 
-Seed 0 is one whole `compress run` from an empty run directory (the figure a user waits for); seeds 1 and 2 reuse
+A run directory already under --work is resumed, as `compress run` does (its wall time is then only the resumed
+part). Seed 0 is one whole `compress run` from an empty run directory (the figure a user waits for); seeds 1 and 2 reuse
 that teacher (a copy of its run directory's teacher/, so `compress run` skips it) and run distill, qat and export.
 Every run shares one decoded-pixel cache (data.cache_dir), as runs in one place do; the first run's decode is in
 its teacher stage's time. --set passes overrides to every run (e.g. a shorter schedule to try the script).
@@ -122,15 +123,18 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     rows, seeds = [], [int(s) for s in args.seeds.split(",")]
     first = os.path.join(args.work, f"seed{seeds[0]}")
-    rows.append(collect(first, seeds[0], compress(first, args, seeds[0])))
-    for seed in seeds[1:]:
-        run = os.path.join(args.work, f"seed{seed}")
-        copy_teacher(first, run)
-        rows.append(collect(run, seed, compress(run, args, seed, "distill,qat,export")))
+    def save():
         with open(args.out, "w") as f:
             json.dump({"command": " ".join(sys.argv), "runs": rows}, f, indent=1)
-    with open(args.out, "w") as f:
-        json.dump({"command": " ".join(sys.argv), "runs": rows}, f, indent=1)
+
+    rows.append(collect(first, seeds[0], compress(first, args, seeds[0])))
+    save()
+    for seed in seeds[1:]:
+        run = os.path.join(args.work, f"seed{seed}")
+        if not os.path.exists(run):
+            copy_teacher(first, run)
+        rows.append(collect(run, seed, compress(run, args, seed, "distill,qat,export")))
+        save()
     summary(rows)
 
 

@@ -37,6 +37,15 @@ def test_the_readme_is_one_screenful_per_question():
     assert all(os.path.exists(os.path.join(ROOT, link)) for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)", README))
 
 
+def test_links_into_benchmarks_land_on_a_heading():
+    with open(os.path.join(ROOT, "BENCHMARKS.md"), encoding="utf-8") as f:
+        slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                 for h in re.findall(r"^#+ (.+)$", f.read(), re.M)}
+    texts = [README] + [doc(name) for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md")]
+    links = [a for text in texts for a in re.findall(r"BENCHMARKS\.md#([\w-]+)", text)]
+    assert links and all(a in slugs for a in links), sorted(set(links) - slugs)
+
+
 def test_readme_starts_with_the_two_setup_commands_and_ci_runs_the_second():
     blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
     assert "compress run" in blocks[0] and "pip install -e ." in blocks[0]
