@@ -6,11 +6,11 @@ before the pixel cache (a git commit, run from a worktree) beside the current co
     python benchmarks/bench_decode_once.py --root ../shared/data/imagenette-dev --before /tmp/before \\
         --work /tmp/decode --epochs 2 --rounds 3 --out benchmarks/results/decode_once.json      # ~30 min
 
-Both versions read the photos recipe without its `*.norm_weight_decay` keys (the earlier code does not know
-them), so both decay every parameter alike. Variants: `before` (the worktree's code, train.num_workers 2: decoding in two worker processes, as its recipe did),
-`after` (this code, train.num_workers 2) and `after, in process` (this code, train.num_workers 0). Each run is a
-fresh run directory: `after` decodes into its own cache in its first stage (the time is in its figures); the
-cache's size on disk and in memory is read from the run's log and cache folder.
+Both versions read the photos recipe without its `*.norm_weight_decay` keys (the earlier code does not know them),
+so both decay every parameter alike. Variants: `before` (the worktree's code, train.num_workers 2: decoding in two
+worker processes, as its recipe did), `after` (this code, train.num_workers 2) and `after, in process` (this code,
+train.num_workers 0). Each run is a fresh run directory: `after` decodes into its own cache in its first stage (the
+time is in its figures); the cache's size on disk and in memory is read from the run's log and cache folder.
 """
 
 import argparse

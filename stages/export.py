@@ -113,7 +113,8 @@ def _write_files(ctx, float_model, int8_model, qconfig, model_name, data):
 
 def deployment_metadata(model_name, data):
     """Everything a deployment needs to turn an image file into the model's input and its output into a class,
-    in order, without guessing (compress.imageio implements exactly this; so does the README's snippet)."""
+    in order, without guessing (compress.deploy.imageio implements exactly this; so does the snippet in
+    docs/deployment.md)."""
     channels, height, width = data.input_shape
     color = "L" if channels == 1 else "RGB"
     conversion = "8-bit grayscale, L = 0.299 R + 0.587 G + 0.114 B" if channels == 1 else "8-bit RGB"

@@ -20,8 +20,8 @@ def doc(name):
 
 
 def test_the_config_reference_is_generated_from_the_dataclasses():
-    section = re.search(r"<!-- config-reference:start -->\n(.*?)\n<!-- config-reference:end -->", doc("configuration.md"),
-                        re.S)
+    section = re.search(r"<!-- config-reference:start -->\n(.*?)\n<!-- config-reference:end -->",
+                        doc("configuration.md"), re.S)
     assert section, "docs/configuration.md lost its config-reference markers"
     assert section.group(1).strip() == invoke("config", "--reference").output.strip()
 
@@ -34,7 +34,15 @@ def test_every_command_is_documented():
 
 def test_the_readme_is_one_screenful_per_question():
     assert len(README.splitlines()) <= 250
-    assert all(os.path.exists(os.path.join(ROOT, link)) for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)", README))
+
+
+def test_every_link_to_a_markdown_file_resolves():
+    names = [n for n in os.listdir(os.path.join(ROOT, "docs")) if n.endswith(".md")]
+    pages = {"README.md": README} | {f"docs/{n}": doc(n) for n in names}
+    broken = [(page, link) for page, text in pages.items()
+              for link in re.findall(r"\]\(([\w./-]+\.md)(?:#[\w-]*)?\)", text)
+              if not os.path.exists(os.path.join(ROOT, os.path.dirname(page), link))]
+    assert not broken, broken
 
 
 def test_links_into_benchmarks_land_on_a_heading():

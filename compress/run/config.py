@@ -54,7 +54,7 @@ def _number(x):
 
 
 def _f(default, help):
-    """A field with its help text (the README's config reference is generated from these)."""
+    """A field with its help text (docs/configuration.md's reference is generated from these)."""
     if isinstance(default, (dict, list)) or hasattr(default, "__dataclass_fields__"):
         return field(default_factory=lambda: default, metadata={"help": help})
     return field(default=default, metadata={"help": help})

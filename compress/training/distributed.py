@@ -101,7 +101,7 @@ def _import_modules_that_bind_the_world_group():
     destroy_process_group() could not free that group, and its gloo threads (two pt_gloo_runloop, one
     gloo_tcp_loop) were still running in every worker while Python finalized - the state a worker can die in
     after a complete stage ("terminate called without an active exception"). Imported before the group
-    exists, the default is None. tests/test_dist.py checks every worker's threads at exit."""
+    exists, the default is None. tests/training/test_distributed.py checks every worker's threads at exit."""
     import torch.distributed.nn.functional  # noqa: F401  (about 3 ms)
 
 
