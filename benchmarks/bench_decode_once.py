@@ -7,10 +7,13 @@ before the pixel cache (a git commit, run from a worktree) beside the current co
         --work /tmp/decode --epochs 2 --rounds 3 --out benchmarks/results/decode_once.json      # ~30 min
 
 Both versions read the photos recipe without its `*.norm_weight_decay` keys (the earlier code does not know them),
-so both decay every parameter alike. Variants: `before` (the worktree's code, train.num_workers 2: decoding in two
-worker processes, as its recipe did), `after` (this code, train.num_workers 2) and `after, in process` (this code,
-train.num_workers 0). Each run is a fresh run directory: `after` decodes into its own cache in its first stage (the
-time is in its figures); the cache's size on disk and in memory is read from the run's log and cache folder.
+so both decay every parameter alike. Variants: `before, every batch` (the worktree's code, train.num_workers 2,
+data.cache_mb 0: every batch decodes its JPEGs in two worker processes, what the earlier code did when the photos
+exceeded data.cache_mb, as a new user's 9.5k photos at 160 px did), `before, held in memory` (the same with the
+recipe's data.cache_mb 1024, which these 4,738 photos fit decoded at full size), `after` (this code,
+train.num_workers 2) and `after, in process` (this code, train.num_workers 0). Each run is a fresh run directory:
+`after` decodes into its own cache in its first stage (the time is in its figures); the cache's size on disk and in
+memory is read from the run's log and cache folder.
 """
 
 import argparse
@@ -23,11 +26,13 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARIANTS = {"before": ("before", 2), "after": ("after", 2), "after, in process": ("after", 0)}
+# name: (code, train.num_workers, data.cache_mb or None for the recipe's)
+VARIANTS = {"before, every batch": ("before", 2, 0), "before, held in memory": ("before", 2, None),
+            "after": ("after", 2, None), "after, in process": ("after", 0, None)}
 
 
 def run(args, variant, seed, run_dir):
-    code, workers = VARIANTS[variant]
+    code, workers, cache_mb = VARIANTS[variant]
     env = dict(os.environ)
     if code == "before":  # the worktree's packages first on the path: its compress and stages are imported
         env["PYTHONPATH"] = args.before + os.pathsep + env.get("PYTHONPATH", "")
@@ -36,6 +41,7 @@ def run(args, variant, seed, run_dir):
            "--set", f"teacher.epochs={args.epochs}", "--set", f"seed={seed}", "--set", f"train.num_workers={workers}",
            "--set", "model.student=torchvision:mobilenet_v2",  # a name both versions know (the stage does not read it)
            "--set", "train.progress=false", "--set", f"train.threads={args.threads}"]
+    cmd += ["--set", f"data.cache_mb={cache_mb}"] if cache_mb is not None else []
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=args.work)
     wall = time.perf_counter() - start
@@ -109,7 +115,8 @@ def main():
     for r in range(args.rounds):
         order = list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]
         for variant in order:
-            rows.append(run(args, variant, r, os.path.join(args.work, f"{variant.replace(', ', '-')}-{r}")))
+            name = variant.replace(", ", "-").replace(" ", "-")
+            rows.append(run(args, variant, r, os.path.join(args.work, f"{name}-{r}")))
             print(json.dumps(rows[-1]), flush=True)
             with open(args.out, "w") as f:
                 json.dump({"command": " ".join(sys.argv), "runs": rows}, f, indent=1)
