@@ -112,7 +112,7 @@ def lock_not_writable(r):
 
 CASES = {
     # run directories
-    "run directory: cannot be written, report": (  # was: "unexpected OSError: [Errno 30] ...", exit 1
+    "run directory: cannot be written, report": (  # a sentence, not an OSError
         lambda r, t: lock_not_writable(r), lambda r, t: ["report", r],
         "/.lock); use another run directory, or make it writable - `compress show` and `compress predict` only "
         "read it"),
@@ -188,7 +188,7 @@ CASES = {
     "checkpoint: edited bytes": (
         lambda r, t: flip_last_byte(r / "teacher" / "model.safetensors"),
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--force"], "was modified after it was written"),
-    "checkpoint: replaced by hand, the stage reading it up to date": (  # was: "qat: up to date, skipped", exit 0
+    "checkpoint: replaced by hand, the stage reading it up to date": (  # never "up to date, skipped"
         lambda r, t: shutil.copyfile(r / "distill" / "baseline.safetensors", r / "distill" / "model.safetensors"),
         lambda r, t: ["run", "--run-dir", r, "--stages", "qat"], "was modified after it was written"),
     "checkpoint: another model": (  # no hint loss: its teacher layer, not in light_cnn, is refused before (below)
@@ -196,7 +196,7 @@ CASES = {
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "model.teacher=light_cnn", "--set",
                       "distill.hint.weight=0"],
         "holds a 'resnet14' model but the config asks for 'light_cnn'"),
-    "distill: a teacher layer the new model.teacher has not, the teacher stage not run": (  # was: found in distill
+    "distill: a teacher layer the new model.teacher has not, the teacher stage not run": (  # before teacher trains
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "model.teacher=light_cnn"],
         "distill.hint.teacher_layer: the teacher has no layer 'layers'; available layers: features"),
@@ -210,7 +210,7 @@ CASES = {
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "distill.hint.student_layer=block7"],
         "the student has no layer 'block7'; did you mean 'block2' or 'block1' or 'block2.2'? available layers: stem"),
-    "qat: a float layer the student has not": (  # was: ignored (every layer int8), yet listed as kept in float
+    "qat: a float layer the student has not": (  # refused, not ignored while listed as kept in float
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.float_layers=[stem, nosuch]"],
         "qat.float_layers: compact_cnn (model.student) has no layer 'nosuch'; available layers: stem"),

@@ -47,8 +47,8 @@ def test_a_run_takes_the_users_omp_num_threads_and_says_so(tmp_path, tiny_config
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="/proc/stat is Linux-only")
 def test_a_busy_neighbour_is_seen_and_named_with_the_thread_count_that_avoids_it():
-    """Was: beside a busy process the default 2 threads ran 8x slower, and nothing said so (a user's first run took
-    10 minutes). A process spinning on one of our CPUs is counted (a lower bound: other load only adds)."""
+    """A process spinning on one of our CPUs is counted (a lower bound: other load only adds) and named with the
+    thread count that avoids it: beside a busy process the default 2 threads can run 8x slower."""
     from compress.cpus import busy_elsewhere, crowding_note
 
     spin = "import time\nt = time.time()\nwhile time.time() - t < 4: pass"
@@ -101,8 +101,8 @@ def test_a_run_that_chose_its_own_thread_count_trains_on_the_free_cores_and_one_
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs /proc/stat")
 def test_export_says_its_timings_are_noisy_beside_a_busy_neighbour_and_shows_every_runtime(run_copy):
-    """Was (fresh-user pass): beside a busy process the report's table said int8 was 1.08x faster and its verdict
-    2.07x, with nothing saying the machine was busy; OpenVINO was timed but never shown."""
+    """Beside a busy process export says its timings are noisy (a busy machine can make the table say 1.08x and the
+    verdict 2.07x), and every runtime timed, OpenVINO included, is shown."""
     spin = "import time\nt = time.time()\nwhile time.time() - t < 60: pass"
     neighbour = subprocess.Popen([sys.executable, "-c", spin])
     try:

@@ -42,7 +42,8 @@ def mount_point(tmp_path):
 
 @pytest.mark.e2e
 def test_a_full_disk_is_one_sentence_and_keeps_the_files_written(mount_point, tmp_path, tiny_config):
-    """Was: `unexpected OSError: [Errno 28] No space left on device`."""
+    """A full disk stops the run with one sentence, not `unexpected OSError: [Errno 28]`, and the files written
+    stay."""
     disk = mount_point("-t", "tmpfs", "-o", "size=600k", "tmpfs", target=tmp_path / "disk")
     run = disk / "run"
     proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher", timeout=HANG)
@@ -57,7 +58,8 @@ def test_a_full_disk_is_one_sentence_and_keeps_the_files_written(mount_point, tm
 
 
 def test_a_read_only_stage_folder_is_one_sentence_and_keeps_its_files(mount_point, run_copy):
-    """Was: `unexpected OSError: [Errno 30] Read-only file system`."""
+    """A read-only stage folder stops the stage with one sentence, not `unexpected OSError: [Errno 30]`, and its
+    files stay."""
     folder = run_copy / "export"
     mount_point("--bind", str(folder), target=folder)
     mount_point("-o", "remount,ro,bind", target=folder)
@@ -73,7 +75,8 @@ def test_a_read_only_stage_folder_is_one_sentence_and_keeps_its_files(mount_poin
 
 @pytest.mark.e2e
 def test_escape_sequences_from_names_never_reach_the_terminal_or_the_log(photos, tmp_path):
-    """Was: a class folder named with an ESC sequence reached the terminal raw in the log lines and in errors."""
+    """A class folder named with an ESC sequence reaches neither the terminal nor the log raw, in log lines or
+    errors: a name must not drive the user's terminal."""
     root, _ = photos
     evil = "c\x1b[31mRED\x1b[0m\x07"
     for split in ("train", "val"):

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.e2e
 
 
 def test_predict_on_a_run_whose_export_is_stale_says_so(run_copy, tmp_path):
-    """Was: after `--stages qat` ran again, predict used the old int8 file with no word of it."""
+    """Predict on a run whose export is older than its qat stage warns that the int8 file it uses is stale and
+    says how to bring the run up to date."""
     paths, _ = write_val_pngs(tmp_path, count=1)
     fresh = invoke("predict", run_copy, *paths)
     assert fresh.exit_code == 0 and "using model." in fresh.stderr and "warning" not in fresh.stderr
@@ -21,7 +22,7 @@ def test_predict_on_a_run_whose_export_is_stale_says_so(run_copy, tmp_path):
     assert result.exit_code == 0, result.output
     assert (f"warning: export is stale (qat/qat.safetensors changed since this stage ran): these files were made "
             f"before that; `compress run --run-dir {run_copy}` brings the run up to date") in result.stderr
-    # a failed export, and a deployed file changed by hand after export checked it (was: served without a word)
+    # a failed export, and a deployed file changed by hand after export checked it, are warned of too
     assert invoke("run", "--run-dir", run_copy, "--stages", "export", "--set", "export.min_int8_speedup=100",
                   "--set", "export.require_faster_int8=true").exit_code == 1
     failed = invoke("predict", run_copy, *paths)
@@ -39,7 +40,7 @@ def test_predict_on_a_run_whose_export_is_stale_says_so(run_copy, tmp_path):
     assert f"warning: export/{deployed} changed after export wrote and checked it" in benched.stderr
     report = invoke("report", run_copy)
     assert report.exit_code == 0, report.output
-    text = (run_copy / "report.md").read_text()  # was: every row current, and "Deploy export/..." the changed file
+    text = (run_copy / "report.md").read_text()  # the changed file is neither current nor the one to deploy
     assert f"export: export/{deployed} changed after the stage wrote it" in text and "Deploy export/" not in text
     rows = json.loads((run_copy / "report.json").read_text())["rows"]
     assert [r["current"] for r in rows if r["file"] == f"export/{deployed}"] == [False]
@@ -96,11 +97,11 @@ def test_deployment_errors_are_one_clear_line(finished_run, tmp_path):
         (("bench", tmp_path / "junk.onnx"), "is not an ONNX model"),
         (("bench", model, "--batch", "0"), "positive whole numbers"),
         (("bench", tmp_path), "is a folder without export/export.json"),
-        # was: exit 0 and no output at all
+        # no images at all is an error, not a silent exit 0
         (("predict", model, tmp_path / "empty"), f"no images in '{tmp_path / 'empty'}': give image files"),
         (("eval", finished_run, tmp_path / "absent"), "is not a folder"),
         (("eval", tmp_path / "no-run", tmp_path), f"'{tmp_path / 'no-run'}' does not exist"),
-        # was: the whole evaluation first, then "unexpected FileNotFoundError" / ValueError, exit 1
+        # a --png path that cannot be written is refused before the evaluation, in a sentence
         (("eval", finished_run, tmp_path, "--png", tmp_path / "nodir" / "c.png"), "does not exist; create it"),
         (("eval", finished_run, tmp_path, "--png", tmp_path / "c.txt"), "give a file name ending in .png"),
     ]

@@ -18,8 +18,8 @@ def test_unknown_stage_lists_the_valid_ones():
 
 @pytest.mark.e2e
 def test_repeated_stages_add_up_and_a_name_beside_a_run_dir_is_refused(tmp_path):
-    """Was (fresh-user pass): `--stages teacher --stages distill` ran distill alone, and --name beside --run-dir was
-    ignored without a word."""
+    """Repeated --stages add up (`--stages teacher --stages distill` runs both), and --name beside --run-dir is
+    refused rather than ignored without a word."""
     plan = invoke("run", "--run-dir", tmp_path / "run", "--stages", "teacher", "--stages", "distill", "--dry-run")
     assert plan.exit_code == 0, plan.output
     running = [line.split()[0] for line in plan.output.splitlines() if line.split()[1:2] == ["run"]]
@@ -57,4 +57,4 @@ def test_a_misspelt_stage_gets_a_suggestion_and_show_finds_the_default_run(tmp_p
 def test_compress_models_names_every_form_a_model_key_takes():
     result = invoke("models")
     assert result.exit_code == 0 and "compact_cnn" in result.output and "resnet20" in result.output
-    assert "torchvision:<builder>" in result.output and "<module>:<function>" in result.output  # was: README only
+    assert "torchvision:<builder>" in result.output and "<module>:<function>" in result.output  # not the README alone

@@ -39,7 +39,7 @@ def test_imagefolder_unreadable_image_names_the_file(tmp_path):
         for cls in ("a", "b"):
             (tmp_path / "pages" / split / cls).mkdir(parents=True)
             Image.new("RGB", (8, 8)).save(tmp_path / "pages" / split / cls / "ok.png")
-    for i in range(10):  # ten scraped web pages saved as .jpg: every one is named (was the first four)
+    for i in range(10):  # ten scraped web pages saved as .jpg: every one is named
         (tmp_path / "pages" / "train" / "b" / f"page{i}.jpg").write_bytes(b"<html></html>")
     with pytest.raises(InputError) as info:
         load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'pages'}", "data.image_size=8"), seed=0)
@@ -56,9 +56,9 @@ def test_imagefolder_with_train_and_val_folders_uses_them_as_the_splits(tmp_path
 
 
 def test_folders_as_users_copy_them_mean_what_they_look_like(tmp_path):
-    """Was: Train/ and Val/ read as two classes "Train" and "Val"; valid/ and validation/ ignored (train/ split
-    instead); macOS's ._0.png AppleDouble files counted as images (then "cannot read image"), __MACOSX/ a class,
-    hidden .thumbnails/ read as training images; eval saw none of that, so a folder meant two things."""
+    """Train/ and Val/ are splits, not classes; valid/ and validation/ are the validation split; macOS's ._0.png
+    AppleDouble files, __MACOSX/ and hidden folders such as .thumbnails/ are not images or classes - and eval reads
+    a folder the same way, so a folder means one thing."""
     from compress.data.imagefolder import scan
     from compress.deploy.evaluate import labelled_tree
 
@@ -93,8 +93,8 @@ def test_folders_as_users_copy_them_mean_what_they_look_like(tmp_path):
 
 
 def test_a_folder_one_level_too_high_or_a_split_among_classes_is_refused(tmp_path):
-    """Was: data.root one level above a dataset trained on "classes" that were whole datasets (cifar10-dev vs
-    cifar10-unlabeled); a val/ folder beside class folders became a class."""
+    """data.root one level above a dataset is refused, naming the folder to use, rather than train on "classes"
+    that are whole datasets; a val/ folder beside class folders is refused, not taken for a class."""
     sized_image_tree(tmp_path / "photos" / "mine", ["train", "val"])
     sized_image_tree(tmp_path / "photos", ["other"])
     with pytest.raises(InputError, match=r"the class folder '.*mine' holds train/ or val/ folders itself: data.root "
@@ -126,7 +126,8 @@ def test_the_class_count_checks_use_and_a_broken_link_among_the_images(tmp_path)
 
 
 def test_a_link_loop_in_a_class_folder_is_not_followed(tmp_path, caplog):
-    """Was: cat/up -> .. read every class again as "cat" (120 images became 4,920)."""
+    """A link loop such as cat/up -> .. is not followed, so no class is read again as "cat" (120 images would
+    become 4,920)."""
     from compress.data.imagefolder import scan
 
     root = tmp_path / "data"
@@ -206,9 +207,9 @@ def test_the_store_key_of_an_image_folder_follows_its_images_not_where_or_when_t
 @pytest.mark.e2e
 def test_a_run_lists_its_images_once_however_many_stages_ask_and_the_next_run_lists_them_again(tmp_path,
                                                                                                 monkeypatch):
-    """Was: one run of teacher and distill listed data.root 6 times and digested it twice (the data summary, each
-    stage's decision, each stage's data): at the rate measured on 10,000 files, minutes per run at ImageNet's
-    1.28 M. Each folder is now listed once per run - and afresh by the next run, which sees what changed."""
+    """Each folder is listed once per run - for the data summary, each stage's decision and each stage's data - and
+    afresh by the next run, which sees what changed: at the rate measured on 10,000 files, every extra listing
+    costs minutes per run at ImageNet's 1.28 M."""
     from compress.data import imagefolder
 
     calls = Counter()
@@ -237,8 +238,8 @@ def test_a_run_lists_its_images_once_however_many_stages_ask_and_the_next_run_li
 
 @pytest.mark.e2e
 def test_a_tiny_or_lopsided_folder_runs_end_to_end_and_the_summary_says_what_its_numbers_are_worth(tmp_path):
-    """Was: 2 classes of 2 images (1 validation image) crashed distill with an IndexError after the teacher had
-    trained; a class left without training images by the split, or a 1,000:40 imbalance, went unmentioned."""
+    """2 classes of 2 images (1 validation image) run end to end, and the summary names a class left without
+    training images by the split and a 1,000:40 imbalance, so the user knows what the numbers are worth."""
     image_tree(tmp_path / "img", splits=("",), count=2)
     result = invoke("run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder", "--set",
                     f"data.root={tmp_path / 'img'}", "--set", "data.image_size=8", "--set", "model.teacher=compact_cnn",
@@ -263,7 +264,7 @@ def test_a_tiny_or_lopsided_folder_runs_end_to_end_and_the_summary_says_what_its
 
 @pytest.mark.e2e
 def test_a_train_folder_without_val_is_split_not_taken_for_a_class(tmp_path):
-    """Was: 'found 1 class folder(s)' - train/ taken for the only class."""
+    """A train/ folder without val/ is split for validation, not taken for the only class."""
     image_tree(tmp_path / "img", splits=("train",), count=10)
     result = invoke("run", "--dry-run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder",
                     "--set", f"data.root={tmp_path / 'img'}")
@@ -292,8 +293,8 @@ def plan(photos_root, run_dir, *sets):
 
 @pytest.mark.e2e
 def test_a_self_linked_unlabelled_folder_is_listed_once_in_seconds(photos, tmp_path):
-    """Was: `ln -s . l1; ln -s . l2` in data.unlabeled - the walk followed the links without end (4 GB after 10
-    minutes); a single self-link counted each image many times."""
+    """Self-links in data.unlabeled (`ln -s . l1; ln -s . l2`) are not followed: the folder is listed once, in
+    seconds, each image counted once, where following them walks without end."""
     root, unlabeled = photos
     os.symlink(".", unlabeled / "l1")
     os.symlink(".", unlabeled / "l2")
@@ -324,8 +325,8 @@ def test_a_class_folder_linked_to_itself_counts_each_image_once(photos, tmp_path
 
 @pytest.mark.e2e
 def test_unlabelled_images_that_are_labelled_ones_are_refused_naming_the_overlap(photos, tmp_path):
-    """Was: data.unlabeled pointing at data.root (or its val/) trained the student on the validation images
-    without a word, and the report's gain was inflated."""
+    """data.unlabeled pointing at data.root, its val/ or a folder inside it is refused, naming the overlap: training
+    the student on the validation images would inflate the report's gain."""
     root, unlabeled = photos
     run = tmp_path / "run"
     for folder, words in ((root, "is data.root"), (root / "val", "is the labelled folder"),

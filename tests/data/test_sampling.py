@@ -22,8 +22,8 @@ def test_a_last_batch_of_one_image_is_merged_into_the_one_before():
 
 @pytest.mark.e2e
 def test_mobilenet_v2_on_65_digits_trains(tmp_path):
-    """Was: 'unexpected ValueError: Expected more than 1 value per channel when training' (a final batch of one
-    image through BatchNorm)."""
+    """mobilenet_v2 trains on 65 digits: no final batch of one image reaches BatchNorm, which cannot train on it
+    ('Expected more than 1 value per channel when training')."""
     result = invoke("run", "--run-dir", tmp_path / "run", "--stages", "teacher", "--set", "data.name=digits",
                     "--set", "data.limit=65", "--set", "model.teacher=mobilenet_v2", "--set", "teacher.epochs=1",
                     "--set", "train.progress=false")

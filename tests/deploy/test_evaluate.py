@@ -40,7 +40,7 @@ def test_predict_takes_folders_and_globs_and_skips_what_it_cannot_read(finished_
     assert result.exit_code == 2
     assert result.stdout.count(": ") == 6  # three images from the folder, three from the glob
     assert f"skipped: cannot read image '{tmp_path / 'imgs' / 'broken.png'}'" in result.stderr
-    assert f"skipped: '{tmp_path / 'photos'}' not found (no such file or folder)" in result.stderr  # was: "image"
+    assert f"skipped: '{tmp_path / 'photos'}' not found (no such file or folder)" in result.stderr
     assert "error: 2 of 8 image(s) could not be read" in result.stderr
     assert "using model.int8.onnx, as export recommends" in result.stderr
 

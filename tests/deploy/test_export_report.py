@@ -49,10 +49,9 @@ def test_export_json_is_exactly_its_schema(finished_run):
 
 
 def test_the_verdict_the_table_and_bench_give_one_figure_per_file(finished_run):
-    """Was: the same int8 file read 56.7 ms in the verdict (its own timing, the fastest run), 83.2 ms in the
-    report's table (a median of shorter rounds) and 70.9 ms from `compress bench` (a third protocol). Now the
-    verdict's figures are the table's cells, and bench times the same files by the same protocol, in the same
-    cells, on the same input."""
+    """One file has one latency: the verdict's figures are the report table's cells, and `compress bench` times the
+    same files by the same protocol, in the same cells, on the same input - three protocols would give one int8
+    file three figures (56.7, 83.2 and 70.9 ms were seen)."""
     export = json.loads((finished_run / "export" / "export.json").read_text())
     speed, tables, verdict = export["speed"], export["latency_ms"], export["verdict"]
     batch = max(c["batch"] for c in tables["fp32"])

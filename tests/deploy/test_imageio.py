@@ -40,9 +40,9 @@ def test_validation_images_larger_than_the_rule_are_resized_with_pillows_bilinea
 
 
 def test_an_image_already_at_the_models_size_is_zoomed_and_cropped_like_the_metadata_says(tmp_path):
-    """Was: a 16x16 image with eval_crop 0.8 was used as is, while the ONNX file's metadata (and the README's
-    snippet that follows it) resize its shorter side to 20 and crop the centre 16x16 - so predict, eval and the
-    validation accuracy saw other pixels than a deployment does (the fresh-user pass: 26.35 % vs 25.10 %)."""
+    """A 16x16 image with eval_crop 0.8 is resized (shorter side 20) and centre-cropped to 16x16, as the ONNX file's
+    metadata and the README's snippet do, so predict, eval and the validation accuracy see the pixels a deployment
+    sees (used as is, the accuracies differ: 26.35 % vs 25.10 %)."""
     sized_image_tree(tmp_path, ["train", "val"], size=(16, 16), count=2)
     data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
                               "data.eval_crop=0.8"), seed=0)
@@ -59,7 +59,7 @@ def test_an_image_already_at_the_models_size_is_zoomed_and_cropped_like_the_meta
 
 
 def test_a_named_pipe_given_as_an_image_is_refused_without_blocking(finished_run, tmp_path):
-    """Was: `compress predict model.onnx some.fifo` blocked forever waiting for a writer."""
+    """`compress predict model.onnx some.fifo` refuses the pipe rather than block forever waiting for a writer."""
     fifo = tmp_path / "image.png"
     os.mkfifo(fifo)
     opened = threading.Event()

@@ -42,8 +42,9 @@ SIXTEEN = {"shorter_side": 16, "height": 16, "width": 16, "interpolation": "bili
 ])
 def test_an_onnx_file_whose_resize_disagrees_with_its_input_is_refused(finished_run, tmp_path, rule, input_shape,
                                                                         message):
-    """Was: predict cropped 16x16 pixels and onnxruntime failed on them ('unexpected ...', a traceback's last
-    line); a shorter side below the crop cannot be centre-cropped at all."""
+    """An ONNX file whose resize disagrees with its input shape is refused by predict and eval in one sentence that
+    says to re-export, before onnxruntime fails on the pixels; a shorter side below the crop cannot be centre-cropped
+    at all."""
     onnx_with_resize(finished_run, tmp_path, rule, input_shape)
     for args in (["predict", tmp_path / "resized.onnx", tmp_path / "img.png"],
                  ["eval", tmp_path / "resized.onnx", tmp_path]):

@@ -4,9 +4,9 @@
 
 def test_the_latency_table_times_the_files_in_turns():
     """The report's latency table: each file gets its timed runs in rounds that alternate, so a busy neighbour
-    slows all of them alike (was: one file after the other - the same PTQ and QAT files read 2.09 and 4.99 ms on a
-    loaded machine), and a file runs several times in a row each round (was: 6 runs a turn, whose first ones shared
-    the cores with the previous session's spinning threads: fp32 4.4 ms in the table, 1.9 ms alone)."""
+    slows all of them alike (timed one after the other, the same PTQ and QAT files can read 2.09 and 4.99 ms on a
+    loaded machine), and a file runs several times in a row each round after a warm-up, so its first runs do not
+    share the cores with the previous session's spinning threads (fp32 4.4 ms in a table, 1.9 ms alone)."""
     from compress.deploy.timing import compare_latency
 
     calls = []

@@ -265,9 +265,8 @@ def forge(path):
 
 
 def test_a_chunk_rewritten_with_its_own_hashes_updated_is_rebuilt_not_reused(tmp_path, digits):
-    """Was: reused ('teacher, images and views unchanged'): the chunk checked only the hashes in its own header,
-    and store.json's digests were never read. Each chunk is checked against the digest store.json recorded when
-    it was built."""
+    """Each chunk is checked against the digest store.json recorded when it was built, not only the hashes in its
+    own header, so a chunk rewritten with its header updated is rebuilt, not reused."""
     folder = tmp_path / "store"
     build(folder, digits)
     good = read_chunks(folder)
@@ -293,8 +292,8 @@ def test_a_chunk_store_json_does_not_record_is_not_trusted(tmp_path, digits):
 
 @pytest.mark.parametrize("views", [10**12, -1, "3", None])
 def test_a_store_json_whose_views_cannot_be_is_one_sentence_and_a_rebuild(tmp_path, digits, views):
-    """Was: store.json claiming 10^12 views was reused, then the next build that extended it looped over 10^12
-    chunks (FileNotFoundError at the first one missing)."""
+    """A store.json claiming views that cannot be (such as 10^12) is one sentence and a rebuild, never reused or
+    extended chunk by chunk."""
     folder = tmp_path / "store"
     build(folder, digits)
     index = json.loads((folder / "store.json").read_text())

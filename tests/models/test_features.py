@@ -27,8 +27,8 @@ def test_wrong_layer_name_lists_the_available_layers():
 
 
 def test_a_long_layer_list_shows_the_top_level_first_and_a_near_name_is_suggested():
-    """Was (second fresh-user pass): torchvision resnet18's 62 layers cut at 40 hid `avgpool`, the layer a user
-    wants after the default `pool` is refused."""
+    """A long layer list (torchvision resnet18's 62) shows the top level first, so `avgpool` - the layer a user
+    wants after the default `pool` is refused - is not cut off, and a near name is suggested."""
     from compress.distill.teacher import layer_problems
     from compress.models.features import layer_list
 

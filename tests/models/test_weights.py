@@ -126,8 +126,8 @@ def test_googlenet_weights_with_auxiliary_classifiers_load_into_the_model_built_
 
 
 def test_imagenet_resnet18_weights_into_the_registry_resnet18_name_the_stem(tmp_path):
-    """Was: "conv1.weight (64, 3, 7, 7) vs (64, 3, 3, 3); is it a checkpoint of another architecture?" - it is
-    the same architecture; the registry's resnet18 has a 3x3 stem for small images, torchvision's a 7x7 one."""
+    """ImageNet resnet18 weights loaded into the registry's resnet18 are refused naming the stem, not as another
+    architecture: it is the same one, with a 3x3 stem for small images where torchvision's has a 7x7 one."""
     torch.save(torchvision.models.resnet18(weights=None, num_classes=1000).state_dict(), tmp_path / "imagenet.pth")
     with pytest.raises(InputError, match=r"the weights' first convolution is 7x7 and this model's 3x3: they were made "
                                          r"for another variant of this architecture \(torchvision's ImageNet weights "

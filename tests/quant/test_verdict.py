@@ -62,7 +62,7 @@ def test_the_verdict_names_the_file_to_deploy_and_says_why_in_one_sentence_with_
 
 def test_the_verdict_weighs_the_ptq_file_against_the_qat_file_on_accuracy_then_speed():
     """Of the two int8 files: the more accurate beyond noise; equally accurate, the PTQ file only when it is at
-    least 1.1x faster in every interleaved round (was: the QAT file, without a word about a faster PTQ file)."""
+    least 1.1x faster in every interleaved round, and the verdict says so."""
     rounds = [0.80, 0.82, 0.79, 0.81, 0.80]
     faster, kind = _weighed(2.0, 1.0, ptq=(0.80, rounds))  # within noise (p = 1), 1.25x faster every round
     assert (faster.file, kind, faster.deploy) == ("model.ptq.onnx", "ptq", "int8")

@@ -92,7 +92,7 @@ def test_each_logit_loss_gets_its_papers_weights_unless_the_config_sets_them():
         "0.5 x cross-entropy + 0.9 x Hinton KD (T 4); kd.weight, kd.temperature: the Hinton KD paper's values; set by "
         "the config, not the Hinton KD paper's: ce_weight 0.5 (paper 0.1) (null takes the paper's; a recipe's values "
         "stay when only distill.kd.method changes)")
-    # the second fresh-user pass: hinton under the cifar10 recipe silently ran at standardized KD's KD 9 and T 1
+    # hinton under the cifar10 recipe keeps the recipe's KD 9 and T 1, and says they are not the paper's
     assert describe_loss(load_config("configs/cifar10.yaml", ["distill.kd.method=hinton"]).distill).endswith(
         "set by the config, not the Hinton KD paper's: kd.weight 9 (paper 0.9), kd.temperature 1 (paper 4) (null "
         "takes the paper's; a recipe's values stay when only distill.kd.method changes)")
@@ -136,7 +136,7 @@ def test_missing_config_file_and_missing_dataset_folder(tmp_path):
     assert any(p.startswith("data.root: folder") and "does not exist" in p for p in problems)
     assert any(p.startswith("model.student: unknown model 'tiny'") for p in problems)
     assert "teacher.batch_size: 64 does not split evenly over 3 processes; use a multiple of 3" in problems
-    (tmp_path / "photos.zip").write_bytes(b"PK\x03\x04")  # was: "folder ... does not exist" for a file that does
+    (tmp_path / "photos.zip").write_bytes(b"PK\x03\x04")  # a file is named as a file, not as missing
     cfg = load_config(None, ["data.name=imagefolder", f"data.root={tmp_path / 'photos.zip'}"])
     assert f"data.root: '{tmp_path / 'photos.zip'}' is a file, not a folder; unpack it and point data.root at the " \
         "folder that holds the images" in preflight.problems(cfg, ["teacher"], 1)
@@ -235,8 +235,8 @@ def test_every_stage_key_and_exclusion_names_a_real_part_of_the_config():
 
 
 def test_a_store_never_holds_views_no_epoch_shows():
-    """Was: distill.views 4 with distill.epochs 1 built 4 views of teacher outputs (68 s for a resnet18 teacher)
-    and showed one. View e is the same pixels whatever the count, so capping changes no result."""
+    """A store holds no more views than epochs show (distill.views 4 with distill.epochs 1 builds one, not 4 at 68 s
+    for a resnet18 teacher). View e is the same pixels whatever the count, so capping changes no result."""
     d = load_config(None, ["distill.views=4", "distill.epochs=1"]).distill
     assert (d.views_for(True), d.views_for(False)) == (1, 1)
     assert load_config(None, ["distill.views=4", "distill.epochs=10"]).distill.views_for(True) == 4
@@ -252,9 +252,8 @@ def numeric_keys():
 
 
 def test_every_refused_number_is_told_both_ends_of_its_range():
-    """Was: 'checkpoint_every: must be >= 0, got 1000000000000', where the check also had a maximum. A value far
-    above any limit and one far below: a refusal names the range with both ends ('between A and B', '(A, B]',
-    '[A, B)') - never a one-sided 'must be >= A' whose other end is a secret."""
+    """A value far above any limit and one far below: a refusal names the range with both ends ('between A and
+    B', '(A, B]', '[A, B)') - never a one-sided 'must be >= A' whose other end is a secret."""
     import re
 
     number = r"-?[\d,.e+-]+"
@@ -314,7 +313,8 @@ def test_a_config_with_a_key_twice_is_refused_with_both_lines(tmp_path):
 
 @pytest.mark.e2e
 def test_a_folder_given_with_a_built_in_dataset_is_refused_not_ignored(tmp_path):
-    """Was: exit 0, training on the shipped MNIST digits."""
+    """data.root with a built-in dataset is refused, naming data.name=imagefolder, rather than ignored while the
+    run trains on the shipped digits."""
     result = invoke("run", "--run-dir", tmp_path / "run", "--set", f"data.root={tmp_path}")
     assert result.exit_code == 2 and not (tmp_path / "run").exists()
     assert "data.root: '" in result.stderr
@@ -328,7 +328,8 @@ def alias_bomb(levels=9):
 
 
 def test_a_yaml_alias_bomb_is_refused_before_any_walk(tmp_path, run_copy):
-    """Was: 9 levels of 9 aliases - the duplicate-key check walked the expanded tree (387 million values)."""
+    """A YAML alias bomb (9 levels of 9 aliases: 387 million values) is refused before any walk of the expanded
+    tree."""
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(alias_bomb())
     proc = compress_subprocess("config", "-c", bomb, timeout=HANG)

@@ -92,7 +92,8 @@ def test_a_stage_needs_its_input(tmp_path, tiny_config):
 ])
 def test_a_stage_whose_input_no_earlier_stage_writes_stops_before_the_teacher_trains(tmp_path, tiny_config, stages,
                                                                                       missing):
-    """Was: --dry-run said "export: run, after teacher", and the run trained the teacher, then stopped at export."""
+    """A stage whose inputs no chosen stage makes is refused up front, by --dry-run, the run and the launcher
+    alike, before the teacher trains for nothing."""
     for launch in (["--dry-run"], [], ["--nproc-per-node", "2"]):  # the launcher refuses before torchrun starts
         result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "new", "--stages", stages, *launch)
         assert result.exit_code == 2, result.output
@@ -116,9 +117,9 @@ def test_a_single_stage_rerun_names_the_stages_it_made_stale(finished_run, tmp_p
 
 
 def test_a_set_for_one_stage_names_the_other_stages_it_leaves_behind(run_copy):
-    """Was (fresh-user pass): `--stages export --set data.eval_crop=0.875` said nothing about the other stages,
-    though the run's config.yaml now held the new value and the next plain run reran all four; a `--set` that
-    changes nothing that counts (data.cache_mb) names nobody."""
+    """`--stages export --set data.eval_crop=0.875` names the other stages it leaves made with another config than
+    config.yaml now holds, which the next plain run reruns; a `--set` that changes nothing that counts
+    (data.cache_mb) names nobody."""
     result = invoke("run", "--run-dir", run_copy, "--stages", "export", "--set", "data.eval_crop=0.875")
     assert result.exit_code == 0, result.output
     assert ("teacher, distill and qat were made with another config than the one config.yaml now holds "

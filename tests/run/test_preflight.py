@@ -15,8 +15,8 @@ from conftest import image_tree, invoke
 
 @pytest.mark.e2e
 def test_a_run_directory_inside_the_images_is_refused_before_anything_is_written(tmp_path):
-    """Was: `cd ~/photos; compress run --set data.root=.` put artifacts/ among the class folders: an error telling
-    the user to remove it, or - once it held report.png - a fourth class of report plots, exit 0."""
+    """A run directory inside the images (`cd ~/photos; compress run --set data.root=.`) is refused before anything
+    is written: its artifacts among the class folders would be read as images, even as a class of report plots."""
     image_tree(tmp_path / "photos", splits=("",))
     for root, key in ((tmp_path / "photos", "data.root"), (tmp_path / "photos" / "cat", "data.unlabeled")):
         result = invoke("run", "--run-dir", tmp_path / "photos" / "cat" / "run", "--set", "data.name=imagefolder",
@@ -34,7 +34,8 @@ def test_a_run_directory_inside_the_images_is_refused_before_anything_is_written
 
 @pytest.mark.e2e
 def test_a_split_folder_given_as_the_root_is_named(tmp_path):
-    """Was: silently split; now the summary says the folder has siblings and how to use them."""
+    """A split folder given as data.root is named: the summary says it has siblings and how to use them, rather
+    than split it silently."""
     image_tree(tmp_path / "img", count=10)
     result = invoke("run", "--dry-run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder",
                     "--set", f"data.root={tmp_path / 'img' / 'train'}")
@@ -50,7 +51,8 @@ def test_a_split_folder_given_as_the_root_is_named(tmp_path):
 ])
 def test_a_feature_loss_layer_that_cannot_work_fails_before_the_teacher_trains(tiny_config, tmp_path, settings,
                                                                                  expected):
-    """Was: the teacher trained (half an hour in the cifar10 recipe), then distill stopped on the layer."""
+    """A bad layer is refused before anything runs, not by distill after the teacher trained (half an hour in the
+    cifar10 recipe)."""
     args = [a for s in settings for a in ("--set", s)]
     result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", *args)
     assert result.exit_code == 2, result.output
@@ -78,8 +80,8 @@ def test_a_weights_file_that_cannot_load_fails_before_the_teacher_trains(tmp_pat
 
 
 def test_a_user_model_that_does_not_give_class_scores_is_named_before_anything_runs(tmp_path, monkeypatch):
-    """Was: "unexpected AttributeError: 'tuple' object has no attribute 'device'" (exit 1) mid-stage, a bare size
-    mismatch for a model that ignores num_classes, and a zero-argument function given num_classes anyway."""
+    """A user model that does not give class scores (a tuple out), ignores num_classes, or takes no arguments is
+    named before anything runs, not by an unexpected error or a bare size mismatch mid-stage."""
     from compress.run.preflight import problems
 
     (tmp_path / "odd_models.py").write_text(textwrap.dedent("""\
@@ -155,7 +157,7 @@ def test_a_teacher_that_fails_on_the_images_is_a_config_error_with_feature_losse
         cfg = load_config(None, ["data.name=imagefolder", f"data.root={image}", "data.image_size=16",
                                  "model.teacher=sized:sized", "distill.hint.weight=1",
                                  "distill.hint.teacher_layer=features", "distill.hint.student_layer=block1"])
-        found = problems(cfg, stages, 1)  # raised nothing else (was: AssertionError out of the probe)
+        found = problems(cfg, stages, 1)  # the probe raises nothing: what it finds is returned
         if "teacher" in stages:
             assert any(p.startswith("model.teacher: sized:sized fails on a batch of 2 images") for p in found), found
         else:  # the distill stage names it, with the checkpoint in hand
@@ -190,8 +192,8 @@ def test_a_model_torch_fx_cannot_trace_fails_before_any_training(tmp_path, monke
 
 @pytest.mark.e2e
 def test_a_teacher_taken_as_given_whose_head_would_be_new_is_refused(tmp_path, tiny_config):
-    """Was: teacher.epochs 0 with 1000-class weights replaced the head with an untrained one and went on ("used
-    as given: val acc 31.11 %"); distill then only said the teacher was hardly better than chance."""
+    """teacher.epochs 0 with weights of another class count is refused: taken as given, the teacher would get an
+    untrained head, and distill would learn from a teacher hardly better than chance."""
     teacher = build_model("resnet14", (1, 8, 8), 1000).state_dict()  # the tiny config's teacher, 1000 classes
     torch.save(teacher, tmp_path / "imagenet_head.pth")
     torch.save({k: v for k, v in teacher.items() if not k.startswith("classifier.")}, tmp_path / "backbone.pth")

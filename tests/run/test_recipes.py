@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_recipes_work_by_name_and_by_their_repository_path_from_any_folder(tmp_path):
-    """Was: 'config file configs/cifar10.yaml not found' outside a clone."""
+    """Recipes work by name and by their repository path from any folder, not only inside a clone."""
     by_name = compress_subprocess("config", "-c", "digits-quick", cwd=tmp_path)
     by_path = compress_subprocess("config", "-c", "configs/digits-quick.yaml", cwd=tmp_path)
     assert by_name.returncode == 0 and by_path.returncode == 0, by_name.stderr + by_path.stderr
@@ -21,7 +21,7 @@ def test_recipes_work_by_name_and_by_their_repository_path_from_any_folder(tmp_p
     listing = compress_subprocess("config", "--list", cwd=tmp_path).stdout
     assert {"cifar10", "default", "digits-quick", "cifar10-tutorial", "photos"} <= {
         line.split()[0] for line in listing.splitlines()}
-    for line in listing.splitlines():  # was: cut at the end of the comment's first line ("... a few minutes on a")
+    for line in listing.splitlines():  # each description is a whole sentence, or says it goes on
         assert line.rstrip().endswith((".", " ...")), line
     missing = compress_subprocess("run", "-c", "cifar11", cwd=tmp_path)
     assert missing.returncode == 2 and "not found, and it names no shipped recipe" in missing.stderr

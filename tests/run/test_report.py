@@ -31,8 +31,8 @@ def test_the_report_marks_rows_that_are_no_longer_current(run_copy):
 
 
 def test_a_pytorch_row_says_the_precision_its_accuracy_was_measured_in():
-    """Was: "(PyTorch fp32)" on an accuracy measured under bf16 autocast, a few tenths from the fp32 ONNX row of
-    the same weights (the fresh-user pass read that as the export gaining or losing accuracy)."""
+    """A PyTorch row names the precision its accuracy was measured in (bf16 autocast, not "fp32"), so a few tenths
+    from the fp32 ONNX row of the same weights are not read as the export gaining or losing accuracy."""
     from compress.run.report import evaluated_in
 
     assert evaluated_in({"precision": "fp32"}) == evaluated_in({}) == "PyTorch fp32"
@@ -51,9 +51,9 @@ def test_a_damaged_export_report_does_not_block_other_stages(run_copy):
 
 
 def test_the_report_marks_the_file_to_deploy_and_labels_its_log_axes(finished_run):
-    """The PNG rings the file to deploy and names it in the legend; each log axis carries several labelled ticks
-    (was: one - '100' and '10' - per axis); the teacher's row says its latency is its fp32 ONNX export's (was:
-    'evaluated in bf16' beside that latency, without a word)."""
+    """The PNG rings the file to deploy and names it in the legend; each log axis carries several labelled ticks,
+    not one; the teacher's row says its latency is its fp32 ONNX export's, whatever precision its accuracy was
+    evaluated in."""
     import matplotlib
 
     matplotlib.use("Agg")

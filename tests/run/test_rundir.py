@@ -28,8 +28,8 @@ def test_a_folder_that_is_not_a_run_is_refused_and_left_alone(tmp_path):
 
 
 def test_a_held_lock_names_its_holder_and_nothing_is_written(run_copy):
-    """Also (fresh-user pass): while another run had qat running, `--stages export` said "run the qat stage first:
-    its last run did not finish", `show` called the running stage interrupted, and --dry-run did not mention it."""
+    """While another run holds the lock with qat running, `--stages export` names that run rather than ask for
+    qat first, `show` calls the stage running now, --dry-run mentions it, and nothing is written."""
     manifest = json.loads((run_copy / "manifest.json").read_text())
     manifest["stages"]["qat"]["status"] = "running"  # what the other run's manifest says while qat trains
     (run_copy / "manifest.json").write_text(json.dumps(manifest))
@@ -104,7 +104,8 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(run_copy):
 
 
 def test_a_manifest_of_deeply_nested_brackets_is_one_clear_sentence(run_copy):
-    """Was: 'unexpected RecursionError' from `compress show`."""
+    """A manifest of deeply nested brackets is one sentence from `compress show`, not an unexpected
+    RecursionError."""
     (run_copy / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
     result = invoke("show", run_copy)
     assert result.exit_code == 2
@@ -114,7 +115,7 @@ def test_a_manifest_of_deeply_nested_brackets_is_one_clear_sentence(run_copy):
 
 @pytest.mark.parametrize("name", [".lock", "log.txt", "config.yaml"])
 def test_a_pipe_in_the_run_directory_is_refused_never_waited_on(run_copy, name):
-    """Was: a FIFO as <run>/.lock blocked even `compress show`; as log.txt (or config.yaml) it blocked the run."""
+    """A FIFO as <run>/.lock, log.txt or config.yaml is refused, never waited on, by `compress show` and the run."""
     (run_copy / name).unlink(missing_ok=True)
     os.mkfifo(run_copy / name)
     before = file_bytes(run_copy)
@@ -129,7 +130,8 @@ def test_a_pipe_in_the_run_directory_is_refused_never_waited_on(run_copy, name):
 
 @pytest.mark.parametrize("rel", ["log.txt", "export/export.json", "teacher/metrics.json"])
 def test_a_folder_where_a_file_goes_is_refused_before_the_work(run_copy, rel):
-    """Was: `unexpected IsADirectoryError` - for a stage's output, after the stage had done its work."""
+    """A folder where a run file or a stage's output goes is refused in a sentence before the stage does its work,
+    not with an IsADirectoryError after it."""
     (run_copy / rel).unlink()
     os.makedirs(run_copy / rel)
     before = file_bytes(run_copy)
@@ -142,7 +144,7 @@ def test_a_folder_where_a_file_goes_is_refused_before_the_work(run_copy, rel):
 
 @pytest.mark.parametrize("value", ["high", [97.2], True])
 def test_a_manifest_metric_of_the_wrong_type_is_one_sentence(run_copy, value):
-    """Was: `unexpected ValueError: Unknown format code 'f' for object of type 'str'` from show and run."""
+    """A manifest metric of the wrong type is one sentence from show and run, not an unexpected ValueError."""
     manifest = json.loads((run_copy / "manifest.json").read_text())
     manifest["stages"]["distill"]["metrics"]["val_acc"] = value
     (run_copy / "manifest.json").write_text(json.dumps(manifest))

@@ -115,9 +115,9 @@ def test_a_new_input_reruns_the_stage_that_read_the_old_one(run):
 
 
 def test_a_hand_modified_upstream_file_is_not_skipped_over(run):
-    """Was: distill/model.safetensors replaced by hand, and `--stages qat` said "up to date, skipped" - the
-    decision read the checksum the distill stage recorded, not the file. Now the stage runs, and loading the
-    file refuses it (test_bad_inputs: "was modified after it was written", exit 2, nothing written)."""
+    """A stage's input replaced by hand (distill/model.safetensors) is not skipped over: the decision reads the file,
+    not only the checksum the distill stage recorded, so the stage runs, and loading the file refuses it
+    (test_bad_inputs: "was modified after it was written", exit 2, nothing written)."""
     sums = complete(run, "teacher", cfg(), [TEACHER])
     complete(run, "distill", cfg(), ["distill/model.safetensors"], inputs=sums)
     assert decide(run, cfg(), STAGES["distill"], False, STAGES, 1).action == "skip"
@@ -128,9 +128,9 @@ def test_a_hand_modified_upstream_file_is_not_skipped_over(run):
 
 
 def test_a_hand_modified_optional_input_is_left_out_once_not_rerun_every_time(run, caplog):
-    """Export reads the teacher only for the report's comparison row. Was: a teacher file modified by hand made
-    `--stages export` run again on every call (the file stayed modified). Now export runs once without it and is
-    up to date after that; once the teacher stage rewrites the file, export reads it again."""
+    """Export reads the teacher only for the report's comparison row. A teacher file modified by hand makes export
+    run once without it, and export is up to date after that rather than rerun on every call; once the teacher
+    stage rewrites the file, export reads it again."""
     c = cfg()
     teacher = complete(run, "teacher", c, [TEACHER])
     models = complete(run, "distill", c, [STAGES["distill"].OUTPUTS["model"]], inputs=teacher)
@@ -175,8 +175,8 @@ def test_the_images_are_an_input_and_a_stage_recorded_without_them_is_not_rerun_
 
 
 def test_editing_the_code_of_your_model_runs_its_stages_again(run, tmp_path, monkeypatch):
-    """Was: my_models.py widened, `teacher: up to date, skipped`, then distill failed with a bare size mismatch
-    (and an edit that kept the shapes went unnoticed)."""
+    """Editing the code of a user model reruns its stages, whether or not the edit changes the shapes, rather than
+    skip the teacher and let distill fail with a bare size mismatch."""
     source = ("import torch.nn as nn\n\ndef net(num_classes):\n"
               "    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))\n")
     (tmp_path / "edited_models.py").write_text(source)
@@ -257,11 +257,11 @@ def test_a_checkpoint_of_another_config_or_a_damaged_one_starts_over(run):
         "its resume checkpoint (teacher/last/checkpoint.safetensors) was written by an earlier run with another "
         "config; starting over")
     checkpoint(run, "teacher", cfg(), epoch=9, step=0)  # beyond the configured 4 epochs: a longer run's, not damaged
-    reason = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason  # (was: "damaged" - fresh-user pass)
+    reason = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason  # a longer run's, not "damaged"
     assert reason == ("the resume checkpoint is of an earlier run that got to epoch 9, past the 4 epochs asked now; "
                       "starting over")
     run.update_stage("teacher", config_hash=section_hash(cfg("teacher.epochs=2"), STAGES["teacher"].CONFIG_KEYS))
-    assert stage_states(run, STAGES)["teacher"] == (  # the interrupted run asked for other settings (was: resumable)
+    assert stage_states(run, STAGES)["teacher"] == (  # the interrupted run asked for other settings
         "interrupted", "its resume checkpoint is of an earlier run with another config; will start over")
     checkpoint(run, "teacher", cfg(), epoch=1, step=-1)
     reason = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).reason
@@ -339,8 +339,8 @@ def test_reading_a_stale_upstream_output_warns(run, caplog):
 
 @pytest.mark.e2e
 def test_changed_images_run_the_stages_again_and_a_teacher_of_other_classes_is_refused(tmp_path):
-    """Was: images added or a class folder renamed, and every stage said "up to date, skipped"; a distill rerun
-    then distilled from a teacher whose class indices meant other classes (or failed with a bare size mismatch)."""
+    """Images added or a class folder renamed run the stages again, and a teacher whose class indices mean other
+    classes is refused, rather than distilled from (or failing with a bare size mismatch)."""
     image_tree(tmp_path / "img")
     args = ["run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder", "--set",
             f"data.root={tmp_path / 'img'}", "--set", "data.image_size=8", "--set", "teacher.epochs=1", "--set",
@@ -371,9 +371,9 @@ def test_changed_images_run_the_stages_again_and_a_teacher_of_other_classes_is_r
 
 @pytest.mark.e2e
 def test_a_setting_that_cannot_change_the_result_does_not_run_the_stages_again(tmp_path, monkeypatch):
-    """Was (fresh-user pass): the same folder spelled with a trailing slash, relatively or through a link, a
-    smaller image cache, data.download, data.val_fraction beside train/ and val/ folders, or data.flip set to its
-    default each reran the teacher and everything after it (a 31-minute teacher on the cifar10 recipe)."""
+    """The same folder spelled with a trailing slash, relatively or through a link, a smaller image cache,
+    data.download, data.val_fraction beside train/ and val/ folders, or data.flip set to its default cannot change
+    the result, so none reruns the teacher and everything after it (a 31-minute teacher on the cifar10 recipe)."""
     image_tree(tmp_path / "img")
     os.symlink(tmp_path / "img", tmp_path / "link")
     monkeypatch.chdir(tmp_path)
@@ -413,7 +413,8 @@ def test_a_stage_recorded_by_an_older_version_starts_following_its_images_once_s
 
 
 def test_a_resume_checkpoint_whose_extra_is_not_a_mapping_starts_over(run_copy):
-    """Was: `unexpected TypeError` from run, run --force and show alike."""
+    """A resume checkpoint whose extra is not a mapping starts over, in run, run --force and show alike, rather
+    than fail with an unexpected TypeError."""
     path = run_copy / "teacher" / "last" / "checkpoint.safetensors"
     tensors, meta = read_safetensors(path)
     state = json.loads(meta["state"])

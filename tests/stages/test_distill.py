@@ -91,7 +91,7 @@ def test_unlabelled_images_train_the_student_through_the_teacher(teacher_run, ti
     assert m["teacher_outputs"]["samples"] == 640 and "baseline_val_acc" in m
     report = (run / "report.md").read_text()
     assert "also learned from 40 unlabelled images" in report and "saw only the 600 labelled ones" in report
-    # the second fresh-user pass: "same schedule" hid that an epoch of 640 images is more steps than one of 600
+    # the comparison says an epoch of 640 images is more optimizer steps than one of 600, not "same schedule"
     assert "(same initialisation, seed, augmented views and number of epochs)" in report
     assert (f"so each of its epochs was 1.1x fewer optimizer steps: part of the gain is that extra training. The "
             f"student alone trained for {-(-m['epochs'] * 640 // 600)} epochs would take as many steps") in report
@@ -145,8 +145,8 @@ def test_an_unlabelled_folder_without_images_or_with_a_broken_one_is_one_clear_e
 
 def test_unlabelled_files_that_are_not_images_stop_the_run_before_the_teacher_trains(tiny_config, tmp_path,
                                                                                         unlabeled):
-    """Was: the teacher trained (half an hour in the cifar10 recipe), then distill named one bad file, and the
-    next run the next one. Headers are read up front and every bad file is named in one sentence."""
+    """Unlabelled images' headers are read up front, before the teacher trains (half an hour in the cifar10 recipe),
+    and every bad file is named in one sentence, so one run finds them all."""
     broken = tmp_path / "broken"
     shutil.copytree(unlabeled, broken)
     (broken / "batch1" / "bad.png").write_bytes(b"not a png at all")
@@ -232,8 +232,8 @@ def test_two_processes_build_the_same_store_and_keep_replicas_identical(teacher_
 
 
 def test_the_student_alone_is_reused_when_only_the_teacher_or_the_losses_changed(teacher_run, tiny_config, tmp_path):
-    """Was: every distill rerun trained the student alone again - half of distill's time - though it does not
-    depend on the teacher or the distillation losses. Reused, it is the one a fresh run would train."""
+    """A distill rerun reuses the student trained alone - half of distill's time - when only the teacher or the
+    distillation losses changed, as it depends on neither; reused, it is the one a fresh run would train."""
     run = copy_of(teacher_run, tmp_path)
     first = invoke("run", "-c", tiny_config, "--run-dir", run, "--stages", "distill", "--set", "teacher.epochs=3",
                    "--set", "data.limit=600", "--set", "distill.epochs=2", "--set", "distill.hint.weight=0")
@@ -265,7 +265,7 @@ def test_the_student_alone_is_reused_when_only_the_teacher_or_the_losses_changed
     changed = invoke(*base, "--set", "distill.kd.method=dist", "--set", "distill.lr=0.02")
     assert changed.exit_code == 0 and "the one an earlier run trained" not in changed.stderr  # it depends on lr
     assert "distill: training the student alone again: its config (distill settings other than the losses, data, " \
-           "model.student) changed since" in changed.stderr  # was: retrained without a word (second fresh-user pass)
+           "model.student) changed since" in changed.stderr  # retraining it is said
 
 
 def test_distilled_student_holds_the_student_alone(finished_run):

@@ -34,8 +34,8 @@ def test_qat_distils_from_an_untouched_frozen_copy_of_the_float_model():
 
 
 def test_the_qat_stage_says_how_to_fix_its_timed_choice_and_the_setting_it_names_works(run_copy):
-    """Was: the same config gave different int8 files from run to run (the choice follows timings), with no word
-    of how to hold it still."""
+    """The qat stage's float-layer choice follows timings, so the same config can give different int8 files from
+    run to run: the stage names the setting that holds it still, and that setting works."""
     import re
 
     from conftest import invoke
@@ -61,9 +61,9 @@ def test_a_qat_budget_failure_says_which_keys_to_change(finished_run, tmp_path):
     assert "over the budget qat.max_accuracy_drop=0.0; accept the loss with --set qat.max_accuracy_drop=" in message
     assert "(export then measures onnxruntime's post-training quantization beside it" in message
     assert "(--set qat.epochs=4) or a gentler learning rate (--set qat.lr=1)" in message
-    report = (run / "report.md").read_text()  # was: exit 0 and a report that simply lost its qat rows
+    report = (run / "report.md").read_text()  # the report says qat failed rather than lose its rows
     assert "- qat failed: qat: int8 accuracy" in report
-    again = invoke("run", "--run-dir", run, "--stages", "qat")  # was: "resuming the interrupted run"
+    again = invoke("run", "--run-dir", run, "--stages", "qat")  # a failed run is not taken for an interrupted one
     assert "qat: the last run failed (qat: int8 accuracy" in again.stderr
 
 
@@ -79,8 +79,8 @@ def test_qat_accuracy_budget_fails_the_stage_and_keeps_its_outputs(run_copy):
 
 
 def test_the_float_layer_choice_says_its_rule(run_copy):
-    """Was: the line listed layers faster in float yet kept int8 without saying why (only a change that pays 5 %
-    is kept)."""
+    """The "kept float:" line says its rule - a layer stays float only where that pays 5 % - so a layer listed as
+    faster in float yet kept int8 is explained."""
     result = invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.float_layers=null")
     assert result.exit_code == 0, result.output
     line = next(x for x in result.output.splitlines() if "kept float:" in x)

@@ -164,8 +164,8 @@ def test_train_clip_grad_norm_bounds_every_update_and_is_off_by_default():
 
 
 def test_a_nan_from_degenerate_inputs_names_the_normalisation_not_the_learning_rate():
-    """Was: images normalised by a std of almost nothing (data.std tiny, or computed on images without spread)
-    gave a NaN loss and the advice 'lower teacher.lr', which no learning rate mends."""
+    """A NaN loss from images normalised by a std of almost nothing (data.std tiny, or computed on images without
+    spread) names the normalisation, not the learning rate: no teacher.lr mends it."""
     from compress.errors import StageFailed
 
     model = tiny_model()
@@ -202,7 +202,8 @@ class Terminal:
 
 
 def test_a_resumed_epochs_progress_bar_counts_from_where_it_resumed():
-    """Was: resuming at step 8 of 74 drew '1/67' (this run's steps alone); now '8/74', as the log counts."""
+    """A resumed run's progress bar counts from the step it resumed at over the whole epoch ('8/74'), as the log
+    does, not this run's steps alone ('1/67')."""
     from compress.training.progress import Progress
 
     screen = Terminal()
@@ -310,7 +311,7 @@ def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_r
     proc = fault_subprocess(*base, fault="teacher:1:5:sigint")
     assert proc.returncode == 130, proc.stderr
     assert "stopping at the next safe point (training saves a checkpoint there; Ctrl-C again" in proc.stderr  # heard
-    # an interruption the user asked for is said plainly, not as an error (was: "error: interrupted ...")
+    # an interruption the user asked for is said plainly, not as an error
     assert ("stopped: interrupted at epoch 2 of teacher (after 7 of its 51 steps); rerun the same command to resume"
             in proc.stderr) and "error" not in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -323,7 +324,7 @@ def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_r
     assert "resuming the interrupted run at epoch 2, step 7" in again.stderr
     resumed = json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["seconds"]
     this, total = map(float, re.search(r"teacher: done in ([\d.]+)s \(([\d.]+)s in all, with the run it resumed",
-                                       again.stderr).groups())  # was: only the last run's seconds
+                                       again.stderr).groups())  # the total counts the interrupted run too
     assert total == pytest.approx(this + entry["seconds"], abs=0.11) and resumed == pytest.approx(total, abs=0.06)
     assert_identical(finished_run, run, ["teacher"])
 
