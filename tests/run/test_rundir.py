@@ -47,7 +47,7 @@ def test_a_held_lock_names_its_holder_and_nothing_is_written(run_copy):
     assert f"qat      running now ({holder}, since" in show.output
     assert plan.exit_code == 0 and f"note: another compress run ({holder}) is using {run_copy} now" in plan.output
     assert plan_export.exit_code == 2 and f"another compress run ({holder}) is using" in plan_export.output
-    assert "qat stage first" not in plan_export.output  # the review: the dry run still said so
+    assert "qat stage first" not in plan_export.output  # the held lock is the one reason given
     after = file_bytes(run_copy)
     assert after == before
 
