@@ -24,7 +24,7 @@ from compress.quant import fx, verdict
 from compress.quant.onnx_export import export_onnx
 from compress.quant.ptq import quantize_ptq
 from compress.quant.verify import checks, measure_accuracy
-from compress.run.config import quantized_model
+from compress.run.config import QAT_SOURCES, quantized_model
 from compress.run.contract import Code, Images, Input, StageResult
 from compress.training import interrupt
 from compress.training.checkpoint import load_weights, read_weights
@@ -42,16 +42,17 @@ RANK0_ONLY = True
 
 def inputs(cfg):
     # the teacher is timed for the report's comparison row only: optional, and a broken file just drops the row
-    teacher = [Input("teacher", "model", required=False)] if cfg.qat.source == "distill" else []
-    return [Input(cfg.qat.source, "model"), Input("qat", "model"), *teacher, Images("root"),
-            Code("model.student" if cfg.qat.source == "distill" else "model.teacher")]
+    source = QAT_SOURCES[cfg.qat.source]
+    teacher = [Input("teacher", "model", required=False)] if source.stage != "teacher" else []
+    return [Input(source.stage, source.output), Input("qat", "model"), *teacher, Images("root"),
+            Code(source.model_key)]
 
 
 def run(ctx):
     cfg, e = ctx.cfg, ctx.cfg.export
     data = ctx.load_data()
-    model_name = quantized_model(cfg.model, cfg.qat.source)
-    float_model, _ = ctx.load_model(cfg.qat.source, model_name, data)
+    model_name, source = quantized_model(cfg.model, cfg.qat.source), QAT_SOURCES[cfg.qat.source]
+    float_model, _ = ctx.load_model(source.stage, model_name, data, source.output)
     int8_model, qconfig = _rebuild_int8(ctx, model_name, data)
     runtimes = list(e.runtimes or default_runtimes())  # checked installed before anything was written
     ctx.begin()
@@ -65,7 +66,7 @@ def run(ctx):
     float_layers = qconfig.get("float_layers", [])
     speed, decided = verdict.decide(measured, tables[runtimes[0]], paths, files, sizes, float_layers, e, runtimes[0],
                                     stop_if_asked)
-    teacher = _teacher_latency(ctx, data, e, runtimes[0]) if cfg.qat.source == "distill" else None
+    teacher = _teacher_latency(ctx, data, e, runtimes[0]) if source.stage != "teacher" else None
     if teacher:
         tables[runtimes[0]]["teacher"], sizes["teacher_onnx"] = teacher
     typed = export_report.typed_tables(tables)
@@ -90,7 +91,7 @@ def _write_files(ctx, float_model, int8_model, qconfig, model_name, data):
     example = data.example()
     meta = deployment_metadata(model_name, data)
     paths = {"fp32": ctx.run.path(OUTPUTS["fp32"]), "int8": ctx.run.path(OUTPUTS["int8"])}
-    source_sha = ctx.input_sha256(ctx.cfg.qat.source, "model")
+    source_sha = ctx.input_sha256(*QAT_SOURCES[ctx.cfg.qat.source][:2])
     export_onnx(float_model, example, paths["fp32"], e.opset,
                 {**meta, "precision": "fp32", "source_sha256": source_sha})
     stop_if_asked("after writing model.fp32.onnx")

@@ -14,7 +14,7 @@ from compress.distill.logit_losses import hinton
 from compress.errors import StageFailed
 from compress.models.registry import build_model, count_parameters
 from compress.quant import fx, mixed_precision
-from compress.run.config import quantized_model
+from compress.run.config import QAT_SOURCES, quantized_model
 from compress.run.contract import Code, Images, Input, StageResult
 from compress.training import distributed as dist
 from compress.training import interrupt
@@ -35,15 +35,15 @@ RANK0_ONLY = False
 
 
 def inputs(cfg):
-    model = "model.student" if cfg.qat.source == "distill" else "model.teacher"
-    return [Input(cfg.qat.source, "model"), Images("root"), Code(model)]
+    source = QAT_SOURCES[cfg.qat.source]
+    return [Input(source.stage, source.output), Images("root"), Code(source.model_key)]
 
 
 def run(ctx):
     cfg, env, q = ctx.cfg, ctx.env, ctx.cfg.qat
     data = ctx.load_data()
-    model_name = quantized_model(cfg.model, q.source)
-    float_model, _ = ctx.load_model(q.source, model_name, data)
+    model_name, source = quantized_model(cfg.model, q.source), QAT_SOURCES[q.source]
+    float_model, _ = ctx.load_model(source.stage, model_name, data, source.output)
     # QAT trains in fp32 whatever train.precision says: fake-quant observers learn the activation ranges the
     # int8 model will use, and bf16/fp16 rounding would shift those ranges away from the exported model's
     loader, val = ctx.loaders(data.train, data.val, q.batch_size, "qat.batch_size")
@@ -87,7 +87,7 @@ def run(ctx):
                "mixed_precision": figures, "qconfig": qconfig}
     if env.is_main:
         path = ctx.run.path(OUTPUTS["model"])
-        parent = ctx.input_sha256(q.source, "model")
+        parent = ctx.input_sha256(source.stage, source.output)
         save_weights(path, prepared, {**ctx.weights_metadata(model_name, data, parent=parent), "source": q.source,
                                       "qconfig": qconfig})
         metrics["rebuild_identical"] = _rebuild_matches(path, prepared, model_name, data, example, qconfig)

@@ -61,7 +61,21 @@ def gain_notes(m, method):
                   f"of its own: the student alone of a run with distill.mix=none is the one to beat.")
     return [f"Distillation ({method}) gained {m['gain_points']:+.2f} points: the distilled student reaches "
             f"{m['val_acc']:.2f}%, the same student trained alone ({same}) {m['baseline_val_acc']:.2f}%; the teacher "
-            f"{m['teacher_val_acc']:.2f}%.{_noise(m)}{'' if m.get('unlabelled_images') else _time_gain(m)}{extra}"]
+            f"{m['teacher_val_acc']:.2f}%.{_noise(m)}{'' if m.get('unlabelled_images') else _time_gain(m)}{extra}"
+            + (f" The student trained alone is the better one: {SHIP_ALONE}." if alone_better(m) else "")]
+
+
+SHIP_ALONE = "to quantize and ship it instead, compress run --stages qat,export --set qat.source=baseline"
+
+
+def alone_better(m):
+    """One sentence when the student trained alone beats the distilled one beyond noise on the validation images
+    ('' otherwise): QAT and export then start from the weaker student unless told otherwise."""
+    if m.get("gain_p") is None or m["gain_p"] >= 0.05 or m.get("gain_points", 0) >= 0:
+        return ""
+    return (f"the student trained alone ({m['baseline_val_acc']:.2f}%) is better than the distilled one "
+            f"({m['val_acc']:.2f}%) beyond noise on these images (McNemar p {p_text(m['gain_p'])}); {SHIP_ALONE} (a "
+            "stronger teacher is what would make distilling pay)")
 
 
 def _noise(m):

@@ -16,7 +16,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import yaml
 
@@ -404,7 +404,9 @@ class DistillConfig(SGDRecipe):
 class QATConfig(OptimConfig):
     epochs: int = _f(2, "fine-tuning epochs")
     lr: float = _f(1e-4, "peak learning rate (QAT is a short, gentle fine-tune)")
-    source: Literal["distill", "teacher"] = _f("distill", "which stage's float model to quantize")
+    source: Literal["distill", "baseline", "teacher"] = _f(
+        "distill", "the float model to quantize and ship: distill (the distilled student), baseline (the student "
+                   "trained alone, with distill.baseline) or teacher")
     backend: Literal["x86", "qnnpack"] = _f("x86", "quantized engine: x86 (fbgemm, servers/desktops) or qnnpack (ARM)")
     activation_range: Literal["full", "reduced"] = _f(
         "full", "full: activations 0..255 (int8 matches fake-quant); reduced: 0..127 (x86 default, drifts)")
@@ -711,9 +713,26 @@ def as_it_counts(picked, images_followed):
     return picked
 
 
+class FloatSource(NamedTuple):
+    """Where the float model QAT quantizes and export ships comes from: an upstream stage's output, and which
+    `model.*` key builds it."""
+
+    stage: str
+    output: str
+    model_key: str  # "model.student" or "model.teacher"
+
+
+QAT_SOURCES = {  # qat.source -> its float model
+    "distill": FloatSource("distill", "model", "model.student"),
+    "baseline": FloatSource("distill", "baseline", "model.student"),
+    "teacher": FloatSource("teacher", "model", "model.teacher"),
+}
+
+
 def quantized_model(model_cfg, source):
-    """The model name QAT quantizes and export ships: the student (qat.source: distill) or the teacher."""
-    return model_cfg.student if source == "distill" else model_cfg.teacher
+    """The model name QAT quantizes and export ships (qat.source: the student for distill and baseline, else the
+    teacher)."""
+    return getattr(model_cfg, QAT_SOURCES[source].model_key.split(".")[1])
 
 
 class UndeclaredConfigRead(AttributeError):

@@ -89,13 +89,13 @@ class StageContext:
                     _refuse_other_classes(self.run.path(rel), classes, scan(d)["classes"], stage)
         return load_data(d, self.cfg.seed, unlabeled, place=place)
 
-    def load_model(self, stage, model_name, data):
-        """Build `model_name` for the data's shape and load an upstream stage's weights (on the CPU), checking
-        sha256 against the manifest and the model name against the checkpoint's metadata."""
+    def load_model(self, stage, model_name, data, output="model"):
+        """Build `model_name` for the data's shape and load an upstream stage's weights (its `output`, on the
+        CPU), checking sha256 against the manifest and the model name against the checkpoint's metadata."""
         model = build_model(model_name, data.input_shape, data.num_classes)
-        path = self.input_path(stage, "model")
+        path = self.input_path(stage, output)
         tensors, meta = read_weights(path, expect_stage=stage, expect_model=model_name,
-                                     expect_sha256=self.input_sha256(stage, "model"))
+                                     expect_sha256=self.input_sha256(stage, output))
         _refuse_other_classes(path, meta.get("class_names"), data.class_names, stage)
         load_into(model, tensors, path)
         return model, meta

@@ -48,6 +48,9 @@ def problems(cfg, stage_names, world_size, run_root=None):
                 found.append(str(e))
         elif value and not os.path.isfile(os.path.expanduser(value)):
             found.append(f"model.{key}: file '{value}' not found")
+    if cfg.qat.source == "baseline" and not cfg.distill.baseline and {"qat", "export"} & set(stage_names):
+        found.append("qat.source: baseline quantizes the student trained alone, which distill.baseline: false does "
+                     "not train; set distill.baseline=true, or qat.source=distill")
     if "distill" in stage_names and data.unlabeled:
         from compress.data.imagefolder import unlabeled_problem
 
@@ -88,7 +91,7 @@ def _model_problems(cfg, stage_names):
     from compress.data.registry import input_shape_of
     from compress.errors import InputError
     from compress.models.registry import build_model
-    from compress.run.config import quantized_model
+    from compress.run.config import QAT_SOURCES
 
     shape, classes = input_shape_of(cfg.data), num_classes_of(cfg.data)
     roles = {"model.teacher": cfg.model.teacher} if "teacher" in stage_names else {}
@@ -108,7 +111,7 @@ def _model_problems(cfg, stage_names):
             built[key] = model
     found.extend(_weights_problems(cfg, stage_names, built))
     found.extend(_feature_problems(cfg, stage_names, built, shape))
-    quantized = "model.student" if quantized_model(cfg.model, cfg.qat.source) == cfg.model.student else "model.teacher"
+    quantized = QAT_SOURCES[cfg.qat.source].model_key
     if "qat" in stage_names and quantized in built:
         found.extend(_float_layer_problems(cfg.qat.float_layers, built[quantized], cfg.model, quantized))
         import torch

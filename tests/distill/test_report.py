@@ -1,7 +1,7 @@
 """What the report says of distillation (compress.distill.report): when the distilled student reached the
-student alone."""
+student alone, and how to ship the student alone when it is the better one."""
 
-from compress.distill.report import epoch_passing
+from compress.distill.report import alone_better, epoch_passing
 from stages.distill import report_notes
 
 
@@ -20,3 +20,19 @@ def test_the_report_says_when_the_distilled_student_reached_the_student_alone():
         assert "reached the student alone" not in report_notes({"metrics": {**m, **quiet}})[0]
     old = {k: v for k, v in m.items() if k != "epoch_passing_alone"}  # a run from before this was measured
     assert "reached the student alone" not in report_notes({"metrics": old})[0]
+
+
+def test_the_report_says_how_to_ship_the_student_alone_when_it_is_better_beyond_noise():
+    m = {"kd_method": "standardized", "val_acc": 73.5, "baseline_val_acc": 75.69, "teacher_val_acc": 75.28,
+         "gain_points": -2.19, "gain_p": 0.008, "val_images": 1966, "distilled_only_right": 80,
+         "alone_only_right": 123}
+    note = report_notes({"metrics": m})[0]
+    assert note.endswith("The student trained alone is the better one: to quantize and ship it instead, compress run "
+                         "--stages qat,export --set qat.source=baseline.")
+    assert alone_better(m) == ("the student trained alone (75.69%) is better than the distilled one (73.50%) beyond "
+                               "noise on these images (McNemar p = 0.008); to quantize and ship it instead, compress "
+                               "run --stages qat,export --set qat.source=baseline (a stronger teacher is what would "
+                               "make distilling pay)")
+    for quiet in ({"gain_p": 0.2}, {"gain_points": 0.5, "gain_p": 0.01}):  # within noise, or distilling won
+        assert "qat.source=baseline" not in report_notes({"metrics": {**m, **quiet}})[0]
+    assert alone_better({k: v for k, v in m.items() if k != "gain_p"}) == ""  # a run from before McNemar

@@ -87,3 +87,34 @@ def test_the_float_layer_choice_says_its_rule(run_copy):
     assert "a layer stays float only where that makes the student at least 5% faster, so one a little faster in " \
         "float stays int8" in line
     assert "(kept float)" in line or "(stays int8)" in line
+
+
+def test_qat_source_baseline_quantizes_and_ships_the_student_trained_alone(run_copy):
+    """qat.source: baseline starts QAT from distill/baseline.safetensors and export ships the files made from
+    it: the weights' parent hashes name the student alone, not the distilled one."""
+    import onnx
+
+    from compress.deploy.onnx_model import metadata_of
+    from compress.fileio import sha256_file
+    from compress.training.checkpoint import read_metadata
+
+    result = invoke("run", "--run-dir", run_copy, "--stages", "qat,export", "--set", "qat.source=baseline")
+    assert result.exit_code == 0, result.output
+    alone, distilled = (sha256_file(run_copy / "distill" / f) for f in ("baseline.safetensors", "model.safetensors"))
+    assert alone != distilled
+    assert read_metadata(run_copy / "qat" / "qat.safetensors")["parent_sha256"] == alone
+    assert metadata_of(onnx.load(run_copy / "export" / "model.fp32.onnx"))["source_sha256"] == alone
+    manifest = json.loads((run_copy / "manifest.json").read_text())["stages"]
+    assert manifest["qat"]["inputs"].get("distill/baseline.safetensors") == alone
+    again = invoke("run", "--run-dir", run_copy, "--stages", "qat,export", "--set", "qat.source=baseline")
+    assert again.exit_code == 0 and "qat: up to date, skipped" in again.stderr and "export: up to date, skipped" in again.stderr
+
+
+def test_qat_source_baseline_without_a_student_alone_is_refused_before_anything_runs(run_copy):
+    before = (run_copy / "manifest.json").read_text()
+    result = invoke("run", "--run-dir", run_copy, "--stages", "qat", "--set", "qat.source=baseline",
+                    "--set", "distill.baseline=false")
+    assert result.exit_code == 2, result.output
+    assert ("qat.source: baseline quantizes the student trained alone, which distill.baseline: false does not train; "
+            "set distill.baseline=true, or qat.source=distill") in result.stderr
+    assert (run_copy / "manifest.json").read_text() == before
