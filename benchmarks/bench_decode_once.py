@@ -31,6 +31,10 @@ VARIANTS = {"before, every batch": ("before", 2, 0), "before, held in memory": (
             "after": ("after", 2, None), "after, in process": ("after", 0, None)}
 
 
+def slug(variant):
+    return variant.replace(", ", "-").replace(" ", "-")
+
+
 def run(args, variant, seed, run_dir):
     code, workers, cache_mb = VARIANTS[variant]
     env = dict(os.environ)
@@ -101,6 +105,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="benchmarks/results/decode_once.json")
+    p.add_argument("--variants", default=",".join(map(slug, VARIANTS)),
+                   help="comma-separated subset of: " + ", ".join(map(slug, VARIANTS)))
     p.add_argument("--summary", action="store_true")
     args = p.parse_args()
     if args.summary:
@@ -111,12 +117,16 @@ def main():
     args.before = os.path.abspath(args.before)
     os.makedirs(args.work, exist_ok=True)
     args.config = common_config(args.work)
+    wanted = {v.strip() for v in args.variants.split(",")}
+    unknown = wanted - set(map(slug, VARIANTS))
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(sorted(unknown))}; choose from {', '.join(map(slug, VARIANTS))}")
+    chosen = [v for v in VARIANTS if slug(v) in wanted]
     rows = []
     for r in range(args.rounds):
-        order = list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]
+        order = chosen if r % 2 == 0 else chosen[::-1]
         for variant in order:
-            name = variant.replace(", ", "-").replace(" ", "-")
-            rows.append(run(args, variant, r, os.path.join(args.work, f"{name}-{r}")))
+            rows.append(run(args, variant, r, os.path.join(args.work, f"{slug(variant)}-{r}")))
             print(json.dumps(rows[-1]), flush=True)
             with open(args.out, "w") as f:
                 json.dump({"command": " ".join(sys.argv), "runs": rows}, f, indent=1)

@@ -10,6 +10,8 @@ part). Seed 0 is one whole `compress run` from an empty run directory (the figur
 that teacher (a copy of its run directory's teacher/, so `compress run` skips it) and run distill, qat and export.
 Every run shares one decoded-pixel cache (data.cache_dir), as runs in one place do; the first run's decode is in
 its teacher stage's time. --set passes overrides to every run (e.g. a shorter schedule to try the script).
+--alone-from reuses the students trained alone of an earlier --work (the distill stage checks they still apply:
+nothing they depend on, which excludes the teacher, changed); their training time is then not in the figures.
 --summary prints the tables from --out without running anything.
 """
 
@@ -105,12 +107,23 @@ def summary(rows):
               f"{mean_std([c['64'] if '64' in c else c.get(64) for c in cells])} |")
 
 
+def copy_alone(src, dst):
+    """The student trained alone from run directory `src` put into `dst` before its run: the distill stage reuses it
+    when nothing it depends on differs (the teacher is not among those), and trains it again otherwise."""
+    os.makedirs(os.path.join(dst, "distill", "baseline"), exist_ok=True)
+    for name in ("baseline.safetensors", os.path.join("baseline", "metrics.json")):
+        shutil.copy(os.path.join(src, "distill", name), os.path.join(dst, "distill", name))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="photos")
     p.add_argument("--root", default="../shared/data/imagenette-dev")
     p.add_argument("--work", default="/tmp/photos")
     p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--teacher-seed", type=int, default=0, help="the seed whose run trains the teacher the others copy")
+    p.add_argument("--alone-from", help="a --work folder of an earlier run of this script whose students trained "
+                                        "alone (seed<N>/distill/baseline*) the new runs reuse where they still apply")
     p.add_argument("--set", action="append", default=[])
     p.add_argument("--out", default="benchmarks/results/photos.json")
     p.add_argument("--summary", action="store_true")
@@ -121,20 +134,29 @@ def main():
         return
     args.root = os.path.abspath(args.root)
     os.makedirs(args.work, exist_ok=True)
-    rows, seeds = [], [int(s) for s in args.seeds.split(",")]
-    first = os.path.join(args.work, f"seed{seeds[0]}")
-    def save():
+    rows = []
+    if os.path.exists(args.out):  # rows of earlier invocations (other seeds) are kept
+        with open(args.out) as f:
+            rows = json.load(f)["runs"]
+    first = os.path.join(args.work, f"seed{args.teacher_seed}")
+
+    def save(row):
+        rows[:] = sorted([r for r in rows if r["seed"] != row["seed"]] + [row], key=lambda r: r["seed"])
         with open(args.out, "w") as f:
             json.dump({"command": " ".join(sys.argv), "runs": rows}, f, indent=1)
 
-    rows.append(collect(first, seeds[0], compress(first, args, seeds[0])))
-    save()
-    for seed in seeds[1:]:
+    for seed in [int(s) for s in args.seeds.split(",")]:
         run = os.path.join(args.work, f"seed{seed}")
-        if not os.path.exists(run):
+        fresh = not os.path.exists(run)
+        if fresh and seed != args.teacher_seed:
             copy_teacher(first, run)
-        rows.append(collect(run, seed, compress(run, args, seed, "distill,qat,export")))
-        save()
+        wall = 0.0
+        if seed == args.teacher_seed:  # the teacher first: a run directory begins empty
+            wall += compress(run, args, seed, "teacher")
+        if fresh and args.alone_from:
+            copy_alone(os.path.join(args.alone_from, f"seed{seed}"), run)
+        wall += compress(run, args, seed, "distill,qat,export")
+        save(collect(run, seed, wall))
     summary(rows)
 
 
