@@ -53,7 +53,8 @@ def run(args, variant, seed, run_dir):
         raise SystemExit(f"{' '.join(cmd)}\nfailed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(os.path.join(run_dir, "teacher", "metrics.json")) as f:
         epochs = json.load(f)["epochs"]
-    held = re.findall(r"data: ([\d,]+) (train|val) images at shorter side (\d+), ([\d,]+) MB (in memory|memory-mapped)",
+    held = re.findall(r"data: ([\d,]+) (train|val) images (?:at|whole up to) shorter side (\d+), ([\d,]+) MB "
+                      r"(in memory|memory-mapped)",
                       proc.stderr)
     cache = os.path.join(run_dir, "cache", "pixels")
     disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(cache) for f in fs) if os.path.isdir(

@@ -37,14 +37,21 @@ def cached_set(files, place, keep_original=True, size=32, budget=2**30):
                       cache_bytes=budget, place=place, role="train" if keep_original else "val")
 
 
+def test_training_images_are_kept_whole_up_to_four_times_the_crop_size():
+    """random_resized_crop's images are kept at their own size up to a shorter side of 4 x image_size (shrunk
+    beyond it, never enlarged), and never below the evaluation side."""
+    assert pixels.train_side(64, 73) == 256  # the photos recipe: its 224 px photos are kept as they are
+    assert pixels.train_side(32, 37) == 128 and pixels.train_side(8, 300) == 300
+
+
 def test_cached_pixels_are_the_files_decoded_under_the_rule(tmp_path):
     files = photos(tmp_path / "img", [(120, 160), (300, 200), (30, 40), (64, 64)])
     place = pixels.Place(str(tmp_path / "cache"), DistEnv())
     whole = cached_set(files, place)  # random_resized_crop: each image kept whole, shorter side shrunk
     side = pixels.train_side(32, imageio.resize_rule(32, 0.875)["shorter_side"])
-    assert side == 40
+    assert side == 128
     shapes = [tuple(whole.source(i).shape) for i in range(4)]
-    assert shapes == [(3, 40, 53), (3, 60, 40), (3, 30, 40), (3, 40, 40)]  # the small one is kept, never enlarged
+    assert shapes == [(3, 120, 160), (3, 192, 128), (3, 30, 40), (3, 64, 64)]  # shrunk only beyond 128, never enlarged
     for i, path in enumerate(files):
         assert torch.equal(whole.source(i), torch.from_numpy(imageio.load_shrunk(path, 3, side)).permute(2, 0, 1))
     val = cached_set(files, place, keep_original=False)  # evaluation: exactly what predict feeds a deployment
@@ -66,7 +73,7 @@ def test_a_second_load_reuses_the_cache_and_changed_images_get_a_new_one(tmp_pat
     assert all(torch.equal(first.source(i), second.source(i)) for i in range(6))
     Image.fromarray(np.zeros((50, 70, 3), dtype=np.uint8)).save(files[2])  # an image replaced
     third = cached_set(files, place)
-    assert "decoded in" in third.how and torch.equal(third.source(2), torch.zeros(3, 40, 56, dtype=torch.uint8))
+    assert "decoded in" in third.how and torch.equal(third.source(2), torch.zeros(3, 50, 70, dtype=torch.uint8))
     assert len(os.listdir(tmp_path / "cache")) == 1  # the run's stale cache of this role is gone
 
 
@@ -187,7 +194,7 @@ def test_two_processes_decode_the_images_once_into_the_same_cache_as_one(tmp_pat
 
     assert digests(tmp_path / "one") == digests(tmp_path / "two")
     assert sum(f.startswith("train-") and f.endswith("chunk-000002.safetensors") for f in digests(tmp_path / "two"))
-    assert "1,200 train images at shorter side 20" in two.stderr and "decoded in" in two.stderr
+    assert "1,200 train images whole up to shorter side 64" in two.stderr and "decoded in" in two.stderr
 
 
 @pytest.mark.e2e
