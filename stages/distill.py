@@ -113,8 +113,9 @@ def run(ctx):
                      labelled, len(train_set) - len(labelled))
     if baseline:  # is the gain beyond noise on these images? the exact McNemar test, as export does for QAT vs PTQ
         result.metrics.update(_paired_students(ctx, data, val, precision, student.student))
-        if env.is_main and report.alone_better(result.metrics):
-            log.warning("distill: %s", report.alone_better(result.metrics))
+        better = report.alone_better(result.metrics)
+        if env.is_main and better:
+            log.warning("distill: %s", better)
     result.metrics["peak_rss_mb"] = dist.peak_rss_mb(env)  # per process: the store is memory-mapped, not copied
     return result
 

@@ -91,7 +91,8 @@ def _write_files(ctx, float_model, int8_model, qconfig, model_name, data):
     example = data.example()
     meta = deployment_metadata(model_name, data)
     paths = {"fp32": ctx.run.path(OUTPUTS["fp32"]), "int8": ctx.run.path(OUTPUTS["int8"])}
-    source_sha = ctx.input_sha256(*QAT_SOURCES[ctx.cfg.qat.source][:2])
+    source = QAT_SOURCES[ctx.cfg.qat.source]
+    source_sha = ctx.input_sha256(source.stage, source.output)
     export_onnx(float_model, example, paths["fp32"], e.opset,
                 {**meta, "precision": "fp32", "source_sha256": source_sha})
     stop_if_asked("after writing model.fp32.onnx")

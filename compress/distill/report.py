@@ -62,7 +62,7 @@ def gain_notes(m, method):
     return [f"Distillation ({method}) gained {m['gain_points']:+.2f} points: the distilled student reaches "
             f"{m['val_acc']:.2f}%, the same student trained alone ({same}) {m['baseline_val_acc']:.2f}%; the teacher "
             f"{m['teacher_val_acc']:.2f}%.{_noise(m)}{'' if m.get('unlabelled_images') else _time_gain(m)}{extra}"
-            + (f" The student trained alone is the better one: {SHIP_ALONE}." if alone_better(m) else "")]
+            + (f" The student trained alone is the better one: {SHIP_ALONE}." if _alone_wins(m) else "")]
 
 
 SHIP_ALONE = "to quantize and ship it instead, compress run --stages qat,export --set qat.source=baseline"
@@ -71,11 +71,16 @@ SHIP_ALONE = "to quantize and ship it instead, compress run --stages qat,export 
 def alone_better(m):
     """One sentence when the student trained alone beats the distilled one beyond noise on the validation images
     ('' otherwise): QAT and export then start from the weaker student unless told otherwise."""
-    if m.get("gain_p") is None or m["gain_p"] >= 0.05 or m.get("gain_points", 0) >= 0:
+    if not _alone_wins(m):
         return ""
     return (f"the student trained alone ({m['baseline_val_acc']:.2f}%) is better than the distilled one "
             f"({m['val_acc']:.2f}%) beyond noise on these images (McNemar p {p_text(m['gain_p'])}); {SHIP_ALONE} (a "
             "stronger teacher is what would make distilling pay)")
+
+
+def _alone_wins(m):
+    """Whether the student alone beat the distilled one beyond noise (McNemar p < 0.05) on the validation images."""
+    return m.get("gain_p") is not None and m["gain_p"] < 0.05 and m.get("gain_points", 0) < 0
 
 
 def _noise(m):
