@@ -41,7 +41,13 @@ def summary(name):
 def resolve(value):
     """(config file, note): `value` itself when it is a file; else the shipped recipe it names ('cifar10', or
     'configs/cifar10.yaml' from outside a clone). An InputError lists the recipes when it is neither."""
-    if value is None or os.path.exists(os.path.expanduser(value)):  # a folder is refused by name below
+    if value is None:
+        return value, ""
+    path = os.path.expanduser(value)
+    if os.path.isdir(path) and path_of(value) is not None:
+        # `-c photos` run from a folder that holds a `photos/` of images: the recipe, not the folder
+        return path_of(value), f"'{value}' is also a folder here; using the shipped recipe '{value}'"
+    if os.path.exists(path):  # any other folder is refused by name when it is read
         return value, ""
     stem = os.path.splitext(os.path.basename(value))[0]
     if stem in RENAMED and path_of(stem) is None:

@@ -7,11 +7,23 @@ import os
 import pytest
 
 from compress.training.checkpoint import read_weights
+from compress.run import recipes
 from conftest import ROOT, compress_subprocess, invoke
 
-pytestmark = pytest.mark.e2e
+
+def test_a_folder_named_like_a_recipe_does_not_hide_the_recipe(tmp_path, monkeypatch):
+    """`compress run -c photos` from a home folder that holds `photos/` (the user's images) is the recipe."""
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "mine.yaml").write_text("seed: 1\n")
+    monkeypatch.chdir(tmp_path)
+    path, note = recipes.resolve("photos")
+    assert path == recipes.path_of("photos") and "also a folder here" in note
+    assert recipes.resolve("mine.yaml") == ("mine.yaml", "")  # a file of the user's is theirs
+    (tmp_path / "other").mkdir()
+    assert recipes.resolve("other") == ("other", "")  # a folder naming no recipe: refused when read
 
 
+@pytest.mark.e2e
 def test_recipes_work_by_name_and_by_their_repository_path_from_any_folder(tmp_path):
     """Recipes work by name and by their repository path from any folder, not only inside a clone."""
     by_name = compress_subprocess("config", "-c", "digits-quick", cwd=tmp_path)
@@ -28,6 +40,7 @@ def test_recipes_work_by_name_and_by_their_repository_path_from_any_folder(tmp_p
     assert "cifar10, cifar10-tutorial, default" in missing.stderr and not list(tmp_path.iterdir())
 
 
+@pytest.mark.e2e
 def test_the_kd_tutorial_config_runs_its_models_and_layers(tmp_path):
     """configs/cifar10-tutorial.yaml with 3x32x32 images from an imagefolder tree standing in for CIFAR-10:
     the tutorial's teacher/student, cosine on flattened features (2048 -> 1024) and the 16 -> 32 channel hint."""
