@@ -15,8 +15,19 @@ from compress.run.config import Config, dump_config, load_config, section_hash
 from conftest import HANG, ROOT, compress_subprocess, file_bytes, invoke
 
 
-def test_default_yaml_is_the_builtin_default():
-    assert load_config(os.path.join(ROOT, "configs", "default.yaml")) == Config()
+def test_default_yaml_is_the_builtin_default_and_lists_every_key():
+    """configs/default.yaml is the file users copy to start their own: every key, at its built-in value."""
+    path = os.path.join(ROOT, "configs", "default.yaml")
+    assert load_config(path) == Config()
+
+    def keys(tree, prefix=""):
+        for key, value in tree.items():
+            yield prefix + key
+            if isinstance(value, dict):
+                yield from keys(value, f"{prefix}{key}.")
+
+    builtin = yaml.safe_load(dump_config(Config()))
+    assert set(keys(builtin)) - set(keys(yaml.safe_load(open(path)))) == set()
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml"))))
