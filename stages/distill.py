@@ -20,7 +20,7 @@ from compress.distill.teacher import FrozenTeacher, StudentWithRegressor, wire_f
 from compress.fileio import atomic_write_json, sha256_file
 from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained, weights_of
-from compress.run.config import section_hash
+from compress.run.config import result_hash
 from compress.run.contract import Code, File, Images, Input, StageResult
 from compress.run.report import evaluated_in, file_size
 from compress.training import distributed as dist
@@ -152,7 +152,7 @@ def baseline_made_with(ctx, data, labelled, precision):
     student_inputs = {k: v for k, v in ctx.state.inputs.items()  # not the teacher, nor the unlabelled images
                       if not k.startswith("teacher/") and k not in (Images("unlabeled").input_key,
                                                                     Code("model.teacher").input_key)}
-    return {"config": section_hash(ctx.cfg, BASELINE_KEYS), "weights": student_inputs,
+    return {"config": result_hash(ctx.cfg, BASELINE_KEYS, images_followed=False), "weights": student_inputs,
             "images": labelled.fingerprint(), "val": data.val.fingerprint(),
             "precision": [precision.name, precision.layout], "world": ctx.env.world,
             "device": ctx.env.device.type, "threads": torch.get_num_threads()}

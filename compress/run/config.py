@@ -368,7 +368,8 @@ class DistillConfig(SGDRecipe):
     store: StoreConfig = _f(StoreConfig(), "")
     baseline: bool = _f(True, "also train the student alone (CE only, same initialisation, schedule, seed and "
                               "augmented views, labelled images only) so the report states what distillation gained; "
-                              "a rerun that changes only the teacher or the distillation losses reuses it")
+                              "a rerun that changes only the teacher, the distillation losses or where and how the "
+                              "images are held (data.cache_mb, data.cache_dir) reuses it")
 
     def __post_init__(self):
         problems_if(self._recipe_checks() + [

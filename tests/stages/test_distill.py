@@ -241,7 +241,7 @@ def test_the_student_alone_is_reused_when_only_the_teacher_or_the_losses_changed
     alone = metrics(run)["baseline_val_acc"]
     again = invoke("run", "-c", tiny_config, "--run-dir", run, "--stages", "distill", "--set", "teacher.epochs=3",
                    "--set", "data.limit=600", "--set", "distill.epochs=2", "--set", "distill.hint.weight=0",
-                   "--set", "distill.kd.method=dist")
+                   "--set", "distill.kd.method=dist", "--set", "data.cache_mb=512")  # how images are held: no matter
     assert again.exit_code == 0, again.output
     assert "distill: the student alone is the one an earlier run trained" in again.stderr
     assert metrics(run)["kd_method"] == "dist" and metrics(run)["baseline_val_acc"] == alone
