@@ -11,7 +11,9 @@ so both decay every parameter alike. Variants: `before, every batch` (the worktr
 data.cache_mb 0: every batch decodes its JPEGs in two worker processes, what the earlier code did when the photos
 exceeded data.cache_mb, as a new user's 9.5k photos at 160 px did), `before, held in memory` (the same with the
 recipe's data.cache_mb 1024, which these 4,738 photos fit decoded at full size), `after` (this code,
-train.num_workers 2) and `after, in process` (this code, train.num_workers 0). Each run is a fresh run directory:
+train.num_workers 2), `after, in process` (this code, train.num_workers 0) and `after, memory-mapped` (this code,
+data.cache_mb 256: the training pixels, 680 MB, are read from the cache's files through the page cache, as a larger
+photo set's are). Each run is a fresh run directory:
 `after` decodes into its own cache in its first stage (the time is in its figures); the cache's size on disk and in
 memory is read from the run's log and cache folder.
 """
@@ -28,7 +30,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name: (code, train.num_workers, data.cache_mb or None for the recipe's)
 VARIANTS = {"before, every batch": ("before", 2, 0), "before, held in memory": ("before", 2, None),
-            "after": ("after", 2, None), "after, in process": ("after", 0, None)}
+            "after": ("after", 2, None), "after, in process": ("after", 0, None),
+            "after, memory-mapped": ("after", 2, 256)}  # the training pixels (680 MB) over data.cache_mb
 
 
 def slug(variant):
@@ -115,14 +118,16 @@ def main():
             summary(json.load(f)["runs"])
         return
     args.root, args.work = os.path.abspath(args.root), os.path.abspath(args.work)
-    args.before = os.path.abspath(args.before)
-    os.makedirs(args.work, exist_ok=True)
-    args.config = common_config(args.work)
+    args.before = os.path.abspath(args.before) if args.before else None
     wanted = {v.strip() for v in args.variants.split(",")}
     unknown = wanted - set(map(slug, VARIANTS))
     if unknown:
         p.error(f"--variants: unknown {', '.join(sorted(unknown))}; choose from {', '.join(map(slug, VARIANTS))}")
     chosen = [v for v in VARIANTS if slug(v) in wanted]
+    if not args.before and any(VARIANTS[v][0] == "before" for v in chosen):
+        p.error("--before: the variants named 'before' run the code of a worktree; give its folder")
+    os.makedirs(args.work, exist_ok=True)
+    args.config = common_config(args.work)
     rows = []
     for r in range(args.rounds):
         order = chosen if r % 2 == 0 else chosen[::-1]
