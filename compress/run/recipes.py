@@ -44,9 +44,9 @@ def resolve(value):
     if value is None:
         return value, ""
     path = os.path.expanduser(value)
-    if os.path.isdir(path) and path_of(value) is not None:
-        # `-c photos` run from a folder that holds a `photos/` of images: the recipe, not the folder
-        return path_of(value), f"'{value}' is also a folder here; using the shipped recipe '{value}'"
+    recipe = path_of(value) if os.path.isdir(path) else None
+    if recipe:  # `-c photos` run from a folder that holds a `photos/` of images: the recipe, not the folder
+        return recipe, f"'{value}' is also a folder here; using the shipped recipe '{value}'"
     if os.path.exists(path):  # any other folder is refused by name when it is read
         return value, ""
     stem = os.path.splitext(os.path.basename(value))[0]
