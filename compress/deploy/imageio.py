@@ -38,13 +38,16 @@ def open_image(path, max_pixels=None, decode=True, at_least=None):
 
     limit = max_pixels or Image.MAX_IMAGE_PIXELS
     try:  # a named pipe or a device would block Image.open (or never end): only regular files are images
-        mode = os.stat(path).st_mode
+        st = os.stat(path)
+        mode = st.st_mode
     except OSError:
-        mode = None  # not there, or not readable: Image.open says which, below
+        st = mode = None  # not there, or not readable: Image.open says which, below
     if mode is not None and stat.S_ISDIR(mode):
         raise InputError(f"image '{path}' is a directory, not an image file")
     if mode is not None and not stat.S_ISREG(mode):
         raise InputError(f"image '{path}' is not a regular file (a pipe, device or socket); pass image files")
+    if st is not None and st.st_size == 0:  # Pillow would only say it cannot identify it
+        raise InputError(f"cannot read image '{path}' (the file is empty: 0 bytes); fix or remove it")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

@@ -4,6 +4,7 @@
     <run>/manifest.json    per stage: status, config hash, input/output sha256, metrics, timings, versions
     <run>/<stage>/...      the stage's outputs; <stage>/last/ holds its resume checkpoint
     <run>/.lock            held by the one `compress run` using the folder (gone when it ends)
+    <run>/cache/pixels/    the images decoded once (written while the first stage reads them: before the manifest)
 
 Only rank 0 writes here, always atomically, never through a symbolic link, and only in a folder that is
 empty, new, or already a compress run.
@@ -27,6 +28,8 @@ STATUSES = ("running", "complete", "failed", "interrupted")
 LOCK_NAME = ".lock"
 RUN_FILES = ("config.yaml", "manifest.json", "log.txt", "report.md", "report.json", "report.png", LOCK_NAME)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# what a first run writes before its manifest: the pixel cache of its images (<role>-<16 hex digits> folders)
+_PIXEL_CACHE = re.compile(r"^[a-z]+-[0-9a-f]{16}$")
 # metrics whose names say they are numbers (the report and `show` format them as such): a number or null
 _NUMERIC_METRIC = re.compile(r"(acc|loss|params|bytes|speedup|epochs|_p|points|per_s|drop|ratio|agreement|diff|"
                              r"within_tie|_right|images|seconds|timing|_weight|temperature|views)$")
@@ -63,7 +66,7 @@ class RunDir:
             raise InputError(f"run directory '{self.root}' is a file; choose a folder with --run-dir")
         if os.path.isdir(self.root):
             entries = [e for e in os.listdir(self.root) if e != LOCK_NAME]
-            if entries and not os.path.lexists(self.manifest_path):
+            if entries and not os.path.lexists(self.manifest_path) and not self._only_pixel_cache(entries):
                 raise InputError(f"run directory '{self.root}' is not empty and is not a compress run (no "
                                  "manifest.json); choose an empty or new folder with --run-dir")
             strange = strange_entries(self.root)
@@ -77,6 +80,15 @@ class RunDir:
             self.check_files(RUN_FILES)
         if writing:
             self.check_writable()
+
+    def _only_pixel_cache(self, entries):
+        """Whether the folder holds nothing but the pixel cache a first run built before it stopped (a bad image,
+        Ctrl-C or kill while decoding): ours to go on with, not someone else's folder."""
+        if entries != ["cache"] or os.path.islink(self.path("cache")) or os.listdir(self.path("cache")) != ["pixels"]:
+            return False
+        folder = self.path("cache", "pixels")
+        return not os.path.islink(folder) and all(
+            _PIXEL_CACHE.match(name) and os.path.isdir(os.path.join(folder, name)) for name in os.listdir(folder))
 
     def check_files(self, rels):
         """Refuse a folder where one of the run-relative files `rels` goes (compress would fail to write it after

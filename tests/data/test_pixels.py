@@ -207,3 +207,32 @@ def test_every_stage_of_a_run_reuses_the_pixels_the_first_decoded(tmp_path):
     assert result.stderr.count("decoded in") == 2  # training and validation images, once each
     assert result.stderr.count("(reused)") == 2  # by the distill stage
     assert "decoding every batch" not in result.stderr and "decoded every batch" not in result.stderr
+
+
+@pytest.mark.e2e
+def test_a_first_run_stopped_by_a_bad_image_goes_on_once_the_image_is_fixed(tmp_path):
+    """The pixel cache is written while the first stage reads its images, before the run has a manifest: a run
+    stopped there (an unreadable image, Ctrl-C) leaves a folder the next run recognises as its own."""
+    root, run = tmp_path / "photos", tmp_path / "run"
+    imagefolder(root, per_class=8)
+    good = (root / "train" / "cat" / "00003.png").read_bytes()
+    (root / "train" / "cat" / "00003.png").write_bytes(good[: len(good) // 2])  # a good header: only decoding finds it
+    first = invoke(*run_args(root, run))
+    assert first.exit_code == 2 and "00003.png" in first.stderr and "truncated" in first.stderr
+    assert os.listdir(run) == ["cache"] and not (run / "manifest.json").exists()
+    (root / "train" / "cat" / "00003.png").write_bytes(good)
+    again = invoke(*run_args(root, run))
+    assert again.exit_code == 0, again.stderr
+    assert (run / "manifest.json").exists() and len(os.listdir(run / "cache" / "pixels")) == 2  # the stale one pruned
+
+
+def test_a_folder_with_more_than_a_pixel_cache_is_still_not_a_run(tmp_path):
+    run = tmp_path / "run"
+    (run / "cache" / "pixels" / "train-0123456789abcdef").mkdir(parents=True)
+    invoke_args = ("run", "--run-dir", run, "--set", "data.name=digits", "--dry-run")
+    assert invoke(*invoke_args).exit_code == 0
+    for other in (run / "cache" / "mine", run / "notes"):
+        other.mkdir()
+        result = invoke(*invoke_args)
+        assert result.exit_code == 2 and "is not empty and is not a compress run" in result.stderr
+        other.rmdir()

@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import onnx
+import pytest
 import torch
 from PIL import Image
 
@@ -108,3 +109,15 @@ def test_class_names_are_sanitised_before_printing(finished_run, tmp_path):
     result = invoke("predict", tmp_path / "m.onnx", tmp_path / "d.png")
     assert result.exit_code == 0
     assert "\x1b" not in result.output and "\\x1b[31mred" in result.output
+
+
+
+def test_an_empty_file_is_named_as_empty(tmp_path):
+    from compress.deploy.imageio import open_image
+    from compress.errors import InputError
+
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    with pytest.raises(InputError) as e:
+        open_image(str(tmp_path / "empty.jpg"))
+    path = tmp_path / "empty.jpg"
+    assert str(e.value) == f"cannot read image '{path}' (the file is empty: 0 bytes); fix or remove it"

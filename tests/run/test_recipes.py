@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from compress.training.checkpoint import read_weights
 from compress.run import recipes
+from compress.training.checkpoint import read_weights
 from conftest import ROOT, compress_subprocess, invoke
 
 

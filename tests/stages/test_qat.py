@@ -107,7 +107,8 @@ def test_qat_source_baseline_quantizes_and_ships_the_student_trained_alone(run_c
     manifest = json.loads((run_copy / "manifest.json").read_text())["stages"]
     assert manifest["qat"]["inputs"].get("distill/baseline.safetensors") == alone
     again = invoke("run", "--run-dir", run_copy, "--stages", "qat,export", "--set", "qat.source=baseline")
-    assert again.exit_code == 0 and "qat: up to date, skipped" in again.stderr and "export: up to date, skipped" in again.stderr
+    assert again.exit_code == 0
+    assert "qat: up to date, skipped" in again.stderr and "export: up to date, skipped" in again.stderr
 
 
 def test_qat_source_baseline_without_a_student_alone_is_refused_before_anything_runs(run_copy):
