@@ -94,8 +94,9 @@ def _int8_choice(measured, tables, batch, threads):
     if ratio >= FASTER and every_round and ptq_cell.get("round_ms"):
         return "ptq", (f"PTQ int8 is as accurate as QAT int8 (within noise: {evidence}) and {ratio:.2f}x faster than "
                        "it, in every interleaved round")
-    return "int8", (f"PTQ int8 is as accurate (within noise: {evidence}) but not faster than QAT int8 by "
-                    f"{FASTER:g}x in every round ({speedup_text(ratio)})")
+    speed = (f"{speedup_text(ratio)} on the median but not {FASTER:g}x faster in every interleaved round"
+             if ratio >= FASTER else f"not {FASTER:g}x faster than QAT int8 ({speedup_text(ratio)})")
+    return "int8", f"PTQ int8 is as accurate (within noise: {evidence}) and {speed}, so QAT int8 is the int8 file"
 
 
 def _against_fp32(measured, kind):
