@@ -77,6 +77,22 @@ def open_image(path, max_pixels=None, decode=True, at_least=None):
                          "(PNG, JPEG, BMP, TIFF, WebP are read)") from None
 
 
+ORIENTATION = 0x0112  # the EXIF tag that tells a viewer to rotate or mirror the stored pixels
+
+
+def exif_turned(path):
+    """Whether the file's EXIF orientation tag asks a viewer to rotate or mirror it (phone photos). The rule
+    above uses the pixels as stored, as torchvision and timm read them: such a photo is seen turned. Only the
+    header is read; False for a file that cannot be read (the decode names it)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return im.getexif().get(ORIENTATION, 1) in range(2, 9)
+    except Exception:  # noqa: BLE001 - any unreadable header: the decode says why, with the file's name
+        return False
+
+
 def to_channels(im, channels, path="image"):
     """(PIL image, scale): an 8-bit image in mode RGB or L and scale 255, or for 16-bit/float inputs a float
     image (mode F, values 0..1; one per channel as a list) and scale 1."""

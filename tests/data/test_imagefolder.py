@@ -347,3 +347,19 @@ def test_unlabelled_images_that_are_labelled_ones_are_refused_naming_the_overlap
     assert plan(root, run, f"data.unlabeled={unlabeled}").returncode == 0  # other images are fine
     os.rename(unlabeled, root / "unlabeled")  # beside train/ and val/, in no labelled folder: fine too
     assert plan(root, run, f"data.unlabeled={root / 'unlabeled'}").returncode == 0
+
+
+def test_photos_with_an_exif_rotation_are_named_before_training_on_them_turned(tmp_path):
+    """Pixels are used as stored (as torchvision and timm read them, and as the exported file's rule says), so a
+    phone photo whose EXIF tag asks a viewer to rotate it is learnt sideways: the scan says so before training."""
+    from compress.data.imagefolder import scan
+
+    image_tree(tmp_path, classes=("cat", "dog"), count=4)
+    quiet = scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}"))
+    assert not any("EXIF" in n for n in quiet["notes"])
+    turned = tmp_path / "train" / "cat" / "phone.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to view
+    Image.new("RGB", (16, 12), (200, 10, 10)).save(turned, exif=exif)
+    (note,) = [n for n in scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}"))["notes"] if "EXIF" in n]
+    assert note.startswith(f"1 of 17 images (e.g. {turned}) carry an EXIF orientation") and "mogrify" in note

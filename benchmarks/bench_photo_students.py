@@ -1,0 +1,131 @@
+"""Which student for photos? Candidates distilled from the photos recipe's trained teacher, each through the
+product (`compress run -c photos --stages distill,qat,export --set model.student=...`), on the same stored
+teacher outputs, pixels and seed: distilled accuracy, QAT and PTQ int8 accuracy, int8 and fp32 latency in
+onnxruntime at batch 1 and 64, size, and the distill stage's speed and time.
+
+    python benchmarks/bench_photo_students.py --teacher-from /tmp/photos_v2/seed0 --work /tmp/students \\
+        --epochs 20 --out benchmarks/results/photo_students.json
+
+--teacher-from is a finished photos run (bench_photos.py's seed 0): its teacher/ and its teacher-output store
+(distill/teacher_outputs/) are copied into each candidate's run directory, so every candidate learns from the same
+teacher outputs and none pays for the store. Pixels come from --pixels (the decoded-pixel cache that run used).
+The student alone is not trained (distill.baseline false): this compares students, not distillation. A candidate
+that fails (a model QAT cannot trace, say) is recorded with its error and the others go on. Run one at a time:
+two trainings beside each other on 2 cores slow each other many times over.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+CANDIDATES = ["resnet18_half", "resnet10_half", "torchvision:mobilenet_v2", "torchvision:mobilenet_v3_small",
+              "torchvision:regnet_y_400mf"]
+
+
+def prepare(src, dst):
+    """A run directory holding the teacher and the teacher-output store of `src`."""
+    os.makedirs(os.path.join(dst, "distill"))
+    shutil.copytree(os.path.join(src, "teacher"), os.path.join(dst, "teacher"))
+    shutil.copytree(os.path.join(src, "distill", "teacher_outputs"), os.path.join(dst, "distill", "teacher_outputs"))
+    shutil.copy(os.path.join(src, "config.yaml"), os.path.join(dst, "config.yaml"))
+    with open(os.path.join(src, "manifest.json")) as f:
+        manifest = json.load(f)
+    manifest["stages"] = {"teacher": manifest["stages"]["teacher"]}
+    with open(os.path.join(dst, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+
+
+def run(args, run_dir, student):
+    cmd = [os.path.join(os.path.dirname(sys.executable), "compress"), "run", "-c", "photos", "--run-dir", run_dir,
+           "--stages", "distill,qat,export", "--set", f"data.root={args.root}", "--set",
+           f"data.cache_dir={args.pixels}", "--set", f"model.student={student}", "--set", f"distill.epochs={args.epochs}", "--set",
+           "distill.baseline=false", "--set", f"seed={args.seed}", "--set", "train.progress=false"]
+    cmd += [a for o in args.set for a in ("--set", o)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    return proc, time.perf_counter() - start, cmd
+
+
+def collect(run_dir):
+    with open(os.path.join(run_dir, "manifest.json")) as f:
+        stages = json.load(f)["stages"]
+    d, q, x = (stages[s]["metrics"] for s in ("distill", "qat", "export"))
+    lat = x["latency_ms"]
+
+    def ms(kind, batch):
+        cells = lat.get(kind, {})
+        best = max((int(k.split("_t")[1]) for k in cells if k.startswith(f"b{batch}_")), default=None)
+        return cells.get(f"b{batch}_t{best}")
+
+    return {"params": x.get("params"), "distilled_acc": d["val_acc"], "qat_int8_acc": x["int8_onnx_acc"],
+            "ptq_int8_acc": x.get("ptq_onnx_acc"), "fp32_onnx_acc": x["fp32_onnx_acc"],
+            "int8_bytes": x.get("int8_bytes"), "fp32_bytes": x.get("fp32_bytes"), "deploy": x["deploy"],
+            "float_layers": x.get("float_layers"),
+            "latency_ms": {k: {str(b): ms(k, b) for b in (1, 64)} for k in ("fp32", "int8", "ptq")},
+            "distill_images_per_s": d.get("images_per_s"), "qat_images_per_s": q.get("images_per_s"),
+            "stage_s": {s: stages[s].get("seconds") for s in ("distill", "qat", "export")}}
+
+
+def summary(rows):
+    print("| student | params | distilled | QAT int8 | PTQ int8 | int8 b1 / b64 ms | fp32 b1 / b64 ms | int8 vs fp32 "
+          "b1 / b64 | int8 size | distill img/s | distill + qat + export |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if "error" in r:
+            print(f"| `{r['student']}` | failed: {r['error'][:120]} |")
+            continue
+        i, f = r["latency_ms"]["int8"], r["latency_ms"]["fp32"]
+        s = r["stage_s"]
+        print(f"| `{r['student']}` | {r['params'] / 1e6:.2f} M | {r['distilled_acc']:.2f} | {r['qat_int8_acc']:.2f} | "
+              f"{r['ptq_int8_acc']:.2f} | {i['1']:.2f} / {i['64']:.1f} | {f['1']:.2f} / {f['64']:.1f} | "
+              f"{f['1'] / i['1']:.2f}x / {f['64'] / i['64']:.2f}x | {r['int8_bytes'] / 1e6:.2f} MB | "
+              f"{r['distill_images_per_s'] or 0:.0f} | {s['distill'] / 60:.1f} + {s['qat'] / 60:.1f} + "
+              f"{s['export'] / 60:.1f} min |")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--teacher-from", default="/tmp/photos_v2/seed0")
+    p.add_argument("--pixels", help="the decoded-pixel cache folder (default: pixels/ beside --teacher-from)")
+    p.add_argument("--root", default="../shared/data/imagenette-dev")
+    p.add_argument("--work", default="/tmp/students")
+    p.add_argument("--students", default=",".join(CANDIDATES))
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[])
+    p.add_argument("--out", default="benchmarks/results/photo_students.json")
+    p.add_argument("--summary", action="store_true")
+    args = p.parse_args()
+    if args.summary:
+        with open(args.out) as f:
+            summary(json.load(f)["runs"])
+        return
+    args.root = os.path.abspath(args.root)
+    args.pixels = os.path.abspath(args.pixels or os.path.join(os.path.dirname(args.teacher_from.rstrip("/")), "pixels"))
+    rows = []
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            rows = json.load(f)["runs"]
+    for student in args.students.split(","):
+        run_dir = os.path.join(args.work, student.replace(":", "_"))
+        if not os.path.exists(run_dir):
+            prepare(args.teacher_from, run_dir)
+        proc, wall, cmd = run(args, run_dir, student)
+        row = {"student": student, "epochs": args.epochs, "seed": args.seed, "wall_s": round(wall, 1)}
+        if proc.returncode:
+            row["error"] = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+        else:
+            row.update(collect(run_dir))
+        rows = [r for r in rows if r["student"] != student] + [row]
+        with open(args.out, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "runs": rows}, f, indent=1)
+        print(f"{student}: {row.get('error') or row['qat_int8_acc']} ({wall / 60:.1f} min)", flush=True)
+    summary(rows)
+
+
+if __name__ == "__main__":
+    main()
