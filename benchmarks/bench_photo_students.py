@@ -43,7 +43,8 @@ def run(args, run_dir, student):
     cmd = [os.path.join(os.path.dirname(sys.executable), "compress"), "run", "-c", "photos", "--run-dir", run_dir,
            "--stages", "distill,qat,export", "--set", f"data.root={args.root}", "--set",
            f"data.cache_dir={args.pixels}", "--set", f"model.student={student}", "--set",
-           f"distill.epochs={args.epochs}", "--set", "distill.baseline=false", "--set", f"seed={args.seed}", "--set", "train.progress=false"]
+           f"distill.epochs={args.epochs}", "--set", "distill.baseline=false", "--set", f"seed={args.seed}",
+           "--set", "train.progress=false"]
     cmd += [a for o in args.set for a in ("--set", o)]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
