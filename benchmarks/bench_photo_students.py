@@ -72,17 +72,18 @@ def collect(run_dir):
 
 
 def summary(rows):
-    print("| student | params | distilled | QAT int8 | PTQ int8 | int8 b1 / b64 ms | fp32 b1 / b64 ms | int8 vs fp32 "
-          "b1 / b64 | int8 size | distill img/s | distill + qat + export |")
+    print("| student (variant) | params | distilled | QAT int8 | PTQ int8 | int8 b1 / b64 ms | fp32 b1 / b64 ms | "
+          "int8 vs fp32 b1 / b64 | int8 size | distill img/s | distill + qat + export |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "error" in r:
-            print(f"| `{r['student']}` | failed: {r['error'][:120]} |")
+            print(f"| `{r.get('label', r['student'])}` | failed: {r['error'][:120]} |")
             continue
         i, f = r["latency_ms"]["int8"], r["latency_ms"]["fp32"]
         s = r["stage_s"]
-        print(f"| `{r['student']}` | {r['params'] / 1e6:.2f} M | {r['distilled_acc']:.2f} | {r['qat_int8_acc']:.2f} | "
-              f"{r['ptq_int8_acc']:.2f} | {i['1']:.2f} / {i['64']:.1f} | {f['1']:.2f} / {f['64']:.1f} | "
+        print(f"| `{r.get('label', r['student'])}` | {r['params'] / 1e6:.2f} M | {r['distilled_acc']:.2f} | "
+              f"{r['qat_int8_acc']:.2f} | {r['ptq_int8_acc']:.2f} | {i['1']:.2f} / {i['64']:.1f} | "
+              f"{f['1']:.2f} / {f['64']:.1f} | "
               f"{f['1'] / i['1']:.2f}x / {f['64'] / i['64']:.2f}x | {r['int8_bytes'] / 1e6:.2f} MB | "
               f"{r['distill_images_per_s'] or 0:.0f} | {s['distill'] / 60:.1f} + {s['qat'] / 60:.1f} + "
               f"{s['export'] / 60:.1f} min |")
@@ -97,7 +98,8 @@ def main():
     p.add_argument("--students", default=",".join(CANDIDATES))
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--set", action="append", default=[])
+    p.add_argument("--set", action="append", default=[], help="an override for every candidate (e.g. a KD loss)")
+    p.add_argument("--label", help="the row's name (default: the student's); a row of the same name is replaced")
     p.add_argument("--out", default="benchmarks/results/photo_students.json")
     p.add_argument("--summary", action="store_true")
     args = p.parse_args()
@@ -112,19 +114,21 @@ def main():
         with open(args.out) as f:
             rows = json.load(f)["runs"]
     for student in args.students.split(","):
-        run_dir = os.path.join(args.work, student.replace(":", "_"))
+        label = args.label or student
+        run_dir = os.path.join(args.work, "".join(c if c.isalnum() or c in "._-" else "_" for c in label))
         if not os.path.exists(run_dir):
             prepare(args.teacher_from, run_dir)
         proc, wall, cmd = run(args, run_dir, student)
-        row = {"student": student, "epochs": args.epochs, "seed": args.seed, "wall_s": round(wall, 1)}
+        row = {"label": label, "student": student, "epochs": args.epochs, "seed": args.seed, "set": args.set,
+               "wall_s": round(wall, 1), "command": " ".join(sys.argv)}
         if proc.returncode:
             row["error"] = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
         else:
             row.update(collect(run_dir))
-        rows = [r for r in rows if r["student"] != student] + [row]
+        rows = [r for r in rows if r.get("label", r["student"]) != label] + [row]
         with open(args.out, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "runs": rows}, f, indent=1)
-        print(f"{student}: {row.get('error') or row['qat_int8_acc']} ({wall / 60:.1f} min)", flush=True)
+            json.dump({"runs": rows}, f, indent=1)
+        print(f"{label}: {row.get('error') or row['qat_int8_acc']} ({wall / 60:.1f} min)", flush=True)
     summary(rows)
 
 
