@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -71,6 +72,29 @@ def collect(run_dir):
             "stage_s": {s: stages[s].get("seconds") for s in ("distill", "qat", "export")}}
 
 
+def retime(args, rows):
+    """Each finished candidate's fp32 and int8 files timed again by `compress bench` (batch 1 and 64, 1 and 2
+    threads), the candidates taking turns over `args.retime` rounds: the export stage timed each candidate on its
+    own, minutes apart, on a machine whose speed moves; this puts the candidates side by side. A cell's figure is
+    the median over the rounds."""
+    exe = os.path.join(os.path.dirname(sys.executable), "compress")
+    done = [r for r in rows if "error" not in r]
+    seen = {r["label"] if "label" in r else r["student"]: {} for r in done}
+    for _ in range(args.retime):
+        for r in done:
+            label = r.get("label", r["student"])
+            export = os.path.join(args.work, "".join(c if c.isalnum() or c in "._-" else "_" for c in label), "export")
+            out = subprocess.run([exe, "bench", os.path.join(export, "model.fp32.onnx"),
+                                  os.path.join(export, "model.int8.onnx"), "--batch", "1,64", "--threads", "1,2",
+                                  "--repeats", "100", "--json"], capture_output=True, text=True, check=True).stdout
+            for kind, f in zip(("fp32", "int8"), json.loads(out)["files"]):
+                for c in f["cells"]:
+                    seen[label].setdefault(f"{kind}_b{c['batch']}_t{c['threads']}", []).append(c["ms"])
+    for r in done:
+        r["bench_ms"] = {k: statistics.median(v) for k, v in seen[r.get("label", r["student"])].items()}
+        r["bench_rounds"] = args.retime
+
+
 def summary(rows):
     print("| student (variant) | params | distilled | QAT int8 | PTQ int8 | int8 b1 / b64 ms | fp32 b1 / b64 ms | "
           "int8 vs fp32 b1 / b64 | int8 size | distill img/s | distill + qat + export |")
@@ -80,6 +104,9 @@ def summary(rows):
             print(f"| `{r.get('label', r['student'])}` | failed: {r['error'][:120]} |")
             continue
         i, f = r["latency_ms"]["int8"], r["latency_ms"]["fp32"]
+        if "bench_ms" in r:  # the side-by-side timing (--retime), at 2 threads as the export stage's
+            b = r["bench_ms"]
+            i, f = ({"1": b[f"{k}_b1_t2"], "64": b[f"{k}_b64_t2"]} for k in ("int8", "fp32"))
         s = r["stage_s"]
         print(f"| `{r.get('label', r['student'])}` | {r['params'] / 1e6:.2f} M | {r['distilled_acc']:.2f} | "
               f"{r['qat_int8_acc']:.2f} | {r['ptq_int8_acc']:.2f} | {i['1']:.2f} / {i['64']:.1f} | "
@@ -87,6 +114,16 @@ def summary(rows):
               f"{f['1'] / i['1']:.2f}x / {f['64'] / i['64']:.2f}x | {r['int8_bytes'] / 1e6:.2f} MB | "
               f"{r['distill_images_per_s'] or 0:.0f} | {s['distill'] / 60:.1f} + {s['qat'] / 60:.1f} + "
               f"{s['export'] / 60:.1f} min |")
+    timed = [r for r in rows if "bench_ms" in r]
+    if timed:
+        print(f"\nSide by side (`compress bench`, candidates in turns, median of {timed[0]['bench_rounds']} rounds), "
+              "ms int8 / fp32 (int8's speed-up):\n\n| student | b1, 1 thread | b1, 2 threads | b64, 1 thread | "
+              "b64, 2 threads |\n|---|---:|---:|---:|---:|")
+        for r in timed:
+            b = r["bench_ms"]
+            cells = [f"{b[f'int8_{c}']:.2f} / {b[f'fp32_{c}']:.2f} ({b[f'fp32_{c}'] / b[f'int8_{c}']:.2f}x)"
+                     for c in ("b1_t1", "b1_t2", "b64_t1", "b64_t2")]
+            print(f"| `{r.get('label', r['student'])}` | " + " | ".join(cells) + " |")
 
 
 def main():
@@ -102,6 +139,8 @@ def main():
     p.add_argument("--label", help="the row's name (default: the student's); a row of the same name is replaced")
     p.add_argument("--out", default="benchmarks/results/photo_students.json")
     p.add_argument("--summary", action="store_true")
+    p.add_argument("--retime", type=int, default=0, help="time the finished candidates' files again, side by side, "
+                                                         "over this many rounds (no training)")
     args = p.parse_args()
     if args.summary:
         with open(args.out) as f:
@@ -113,6 +152,12 @@ def main():
     if os.path.exists(args.out):
         with open(args.out) as f:
             rows = json.load(f)["runs"]
+    if args.retime:
+        retime(args, rows)
+        with open(args.out, "w") as f:
+            json.dump({"runs": rows}, f, indent=1)
+        summary(rows)
+        return
     for student in args.students.split(","):
         label = args.label or student
         run_dir = os.path.join(args.work, "".join(c if c.isalnum() or c in "._-" else "_" for c in label))
