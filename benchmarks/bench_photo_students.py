@@ -23,21 +23,20 @@ import subprocess
 import sys
 import time
 
+from bench_photos import copy_teacher  # run from the repository root: benchmarks/ is on sys.path
+
 CANDIDATES = ["resnet18_half", "resnet10_half", "torchvision:mobilenet_v2", "torchvision:mobilenet_v3_small",
               "torchvision:regnet_y_400mf"]
 
 
 def prepare(src, dst):
     """A run directory holding the teacher and the teacher-output store of `src`."""
-    os.makedirs(os.path.join(dst, "distill"))
-    shutil.copytree(os.path.join(src, "teacher"), os.path.join(dst, "teacher"))
+    copy_teacher(src, dst)
     shutil.copytree(os.path.join(src, "distill", "teacher_outputs"), os.path.join(dst, "distill", "teacher_outputs"))
-    shutil.copy(os.path.join(src, "config.yaml"), os.path.join(dst, "config.yaml"))
-    with open(os.path.join(src, "manifest.json")) as f:
-        manifest = json.load(f)
-    manifest["stages"] = {"teacher": manifest["stages"]["teacher"]}
-    with open(os.path.join(dst, "manifest.json"), "w") as f:
-        json.dump(manifest, f)
+
+
+def run_dir_of(work, label):
+    return os.path.join(work, "".join(c if c.isalnum() or c in "._-" else "_" for c in label))
 
 
 def run(args, run_dir, student):
@@ -83,7 +82,7 @@ def retime(args, rows):
     for _ in range(args.retime):
         for r in done:
             label = r.get("label", r["student"])
-            export = os.path.join(args.work, "".join(c if c.isalnum() or c in "._-" else "_" for c in label), "export")
+            export = os.path.join(run_dir_of(args.work, label), "export")
             out = subprocess.run([exe, "bench", os.path.join(export, "model.fp32.onnx"),
                                   os.path.join(export, "model.int8.onnx"), "--batch", "1,64", "--threads", "1,2",
                                   "--repeats", "100", "--json"], capture_output=True, text=True, check=True).stdout
@@ -160,7 +159,7 @@ def main():
         return
     for student in args.students.split(","):
         label = args.label or student
-        run_dir = os.path.join(args.work, "".join(c if c.isalnum() or c in "._-" else "_" for c in label))
+        run_dir = run_dir_of(args.work, label)
         if not os.path.exists(run_dir):
             prepare(args.teacher_from, run_dir)
         proc, wall, cmd = run(args, run_dir, student)

@@ -73,7 +73,7 @@ class StageContext:
         """The stage's data (`compress.data.datasets.load_data`), image files decoded once into the pixel cache
         (data.cache_dir, else cache/pixels/ in the run directory) that every stage and later run shares."""
         d = self.cfg.data
-        folder = os.path.abspath(os.path.expanduser(d.cache_dir)) if d.cache_dir else self.run.path("cache", "pixels")
+        folder = os.path.abspath(os.path.expanduser(d.cache_dir)) if d.cache_dir else self.run.pixel_cache
         place = Place(folder, DistEnv() if self.rank0_only else self.env, in_run_dir=not d.cache_dir,
                       shown_from="" if d.cache_dir else self.run.root)
         if d.name == "imagefolder":  # checked from the listing, before a single image is decoded

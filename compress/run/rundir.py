@@ -56,6 +56,11 @@ class RunDir:
     def resume_checkpoint(self, stage):
         return self.path(stage, "last", "checkpoint.safetensors")
 
+    @property
+    def pixel_cache(self):
+        """The folder of the images decoded once (unless data.cache_dir names another)."""
+        return self.path("cache", "pixels")
+
     def exists(self):
         return os.path.isfile(self.manifest_path)
 
@@ -84,9 +89,11 @@ class RunDir:
     def _only_pixel_cache(self, entries):
         """Whether the folder holds nothing but the pixel cache a first run built before it stopped (a bad image,
         Ctrl-C or kill while decoding): ours to go on with, not someone else's folder."""
-        if entries != ["cache"] or os.path.islink(self.path("cache")) or os.listdir(self.path("cache")) != ["pixels"]:
+        folder = self.pixel_cache
+        parent = os.path.dirname(folder)
+        if entries != [os.path.basename(parent)] or os.path.islink(parent) or os.listdir(parent) != [
+                os.path.basename(folder)]:
             return False
-        folder = self.path("cache", "pixels")
         return not os.path.islink(folder) and all(
             _PIXEL_CACHE.match(name) and os.path.isdir(os.path.join(folder, name)) for name in os.listdir(folder))
 
