@@ -14,8 +14,8 @@ LONGER_ROUNDS = 11  # the verdict's cell measured once more when int8 falls shor
 @dataclass(frozen=True)
 class Protocol:
     """How a latency cell is measured: `warmup` untimed calls of each file, then `rounds` rounds in which each
-    file runs for about `round_s` seconds (3 to `most` calls) in turn, the order alternating; the figure is the
-    median over the rounds of each round's fastest call."""
+    file runs for about `round_s` seconds (3 to `most` calls) in turn, the order rotating by one file a round; the
+    figure is the median over the rounds of each round's fastest call."""
 
     rounds: int = ROUNDS
     round_s: float = 0.05
@@ -25,14 +25,17 @@ class Protocol:
 
 def compare_latency(models, x, rounds=5, budget_s=0.25, warmup=2, stop=None, most=50):
     """{name: {"ms", "round_ms", "median_ms", "min_ms", "runs"}} for several models on the same input, measured
-    interleaved: each round times every model in turn (alternating the order), so a busy neighbour slows them
-    alike. `round_ms` holds each round's fastest run and `ms` their median - the protocol's figure: within a
-    round other processes only add time, and the median over rounds ignores one lucky round (three tables of the
-    same int8 file on a loaded 2-core machine: 1.87-1.88 ms this way, 2.00-2.15 ms as the median of every run,
-    which their bursts decide); `median_ms` is the median of every run. Each round runs a model for about
-    `budget_s` seconds (3 to `most` runs). Rounds of a few runs would not do: the session timed before keeps its
-    threads spinning for a while, and the next one's first runs share the cores with them (fp32 read 4.4 ms
-    timed 6 runs a turn beside two int8 sessions, 1.9 ms alone)."""
+    interleaved: each round times every model in turn, so a busy neighbour slows them alike, and the order rotates
+    by one model a round, so each is first, in the middle and last alike (reversing the order every other round
+    kept the middle one of three in the middle: the QAT int8 file read 1.15x its op-for-op identical PTQ file at
+    batch 64 and 0.86x at batch 1, median of 6 exports; rotated, 1.00x and 1.02x). `round_ms` holds each
+    round's fastest run and `ms` their median - the protocol's figure: within a round other processes only add
+    time, and the median over rounds ignores one lucky round (three tables of the same int8 file on a loaded
+    2-core machine: 1.87-1.88 ms this way, 2.00-2.15 ms as the median of every run, which their bursts decide);
+    `median_ms` is the median of every run. Each round runs a model for about `budget_s` seconds (3 to `most`
+    runs), so a turn's first runs, slowed by whatever ran before, are not its figure. Sessions should stop their
+    threads spinning between calls (compress.deploy.onnx_model does): a session that keeps them spinning slows
+    the next one's whole turn."""
     names = list(models)
     samples = {n: [[] for _ in range(rounds)] for n in names}
     per_run = {}
@@ -45,7 +48,7 @@ def compare_latency(models, x, rounds=5, budget_s=0.25, warmup=2, stop=None, mos
     for r in range(rounds):
         if stop:
             stop()
-        for n in (names if r % 2 == 0 else names[::-1]):
+        for n in names[r % len(names):] + names[:r % len(names)]:
             for _ in range(max(3, min(most, int(budget_s / per_run[n])))):
                 start = time.perf_counter()
                 models[n](x)
