@@ -20,8 +20,6 @@ from compress.fileio import open_regular, walk_tree
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
-
 
 _listed = None  # {(what, folder, settings): result} while `listed_once()` holds it
 
@@ -97,7 +95,7 @@ def _scan(cfg):
         kinds = ", ".join(f"{n:,} {suffix}" for suffix, n in others.most_common(5))
         notes.append(f"skipped {sum(others.values()):,} file(s) in the class folders that are not images compress "
                      f"reads ({kinds}); images in another format must be converted to one of "
-                     f"{', '.join(IMAGE_EXTENSIONS)}")
+                     f"{', '.join(imageio.IMAGE_EXTENSIONS)}")
     return {"layout": layout, "classes": names, "train": train, "val": val, "notes": notes}
 
 
@@ -226,7 +224,7 @@ def class_tree(root, others=None):
             for f in sorted(names_here):
                 if skipped(f):
                     continue
-                if f.lower().endswith(IMAGE_EXTENSIONS):
+                if f.lower().endswith(imageio.IMAGE_EXTENSIONS):
                     files.append(prefix + f)
                 elif others is not None:
                     others[os.path.splitext(f)[1].lower() or f] += 1
@@ -258,7 +256,7 @@ def image_files(root, what="data.unlabeled"):
     found = []
     for folder, files in walk_tree(root, skip=skipped, what=what):
         prefix = os.path.join(folder, "")
-        found.extend(prefix + f for f in files if f.lower().endswith(IMAGE_EXTENSIONS))
+        found.extend(prefix + f for f in files if f.lower().endswith(imageio.IMAGE_EXTENSIONS))
     return found
 
 

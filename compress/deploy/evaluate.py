@@ -9,10 +9,10 @@ import numpy as np
 
 from compress.deploy import export_report
 from compress.deploy.folders import class_folders, skipped, split_folders
+from compress.deploy.imageio import IMAGE_EXTENSIONS
 from compress.errors import InputError
 from compress.fileio import walk_tree
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 def run_of(path):
@@ -64,7 +64,7 @@ def image_paths(arguments):
         arg = os.path.expanduser(arg)
         if os.path.isdir(arg):  # one bounded walk: a link loop inside the folder is read once
             for folder, files in walk_tree(arg, skip=skipped):
-                found.extend(os.path.join(folder, f) for f in files if f.lower().endswith(IMAGE_SUFFIXES))
+                found.extend(os.path.join(folder, f) for f in files if f.lower().endswith(IMAGE_EXTENSIONS))
         elif any(c in arg for c in "*?[") and not os.path.exists(arg):
             matches = sorted(glob.glob(arg, recursive=True))
             if not matches:
