@@ -14,7 +14,6 @@ from compress.errors import InputError
 from compress.fileio import walk_tree
 
 
-
 def run_of(path):
     """The run directory `path` names: itself, or its parent when `path` is the run's export/ folder."""
     if os.path.basename(os.path.normpath(path)) == "export" and os.path.isfile(os.path.join(path, "export.json")):
