@@ -43,7 +43,8 @@ DESCRIPTIONS = {
     "resnet18_half": "photo student: resnet18's layout at half the width (32-256 channels), 2.8M parameters; "
                      "int8 1.6-2.3x faster than fp32 in onnxruntime",
     "resnet10_half": "photo student (the photos recipe's): one basic block per stage, 32-256 channels, 1.2M "
-                     "parameters; int8 1.6-1.9x faster than fp32 in onnxruntime on 2 threads, 2.2-2.6x on 1",
+                     "parameters; int8 (stem float) 2.3x faster than fp32 in onnxruntime at batch 64 on 2 "
+                     "threads, 2.5-3x on 1",
     "quantizable_resnet18": "torchvision.models.quantization resnet18 (quant stubs, FloatFunctional adds)",
     "quantizable_mobilenet_v2": "torchvision.models.quantization mobilenet_v2",
 }
