@@ -16,6 +16,7 @@ from compress.training.paired import p_text
 
 LABELS = {"fp32": "fp32", "int8": "QAT int8", "ptq": "PTQ int8"}
 FASTER = 1.1  # one int8 file beats the other on speed only this much faster, in every round: less is noise
+FEWER_THREADS = 1.1  # a file said to run faster on fewer threads must be at least this much faster there
 BUSY = 0.5  # cores other processes kept busy, from which the timings are called noisy
 
 
@@ -172,6 +173,7 @@ def report_notes(m):
         notes.append(f"In {label(runtime)} (batch {t['batch']}, {t['threads']} threads): int8 {t['int8']:.3f} ms "
                      f"against fp32 {t['fp32']:.3f} ms ({speedup_text(t['fp32'] / t['int8'])}); the verdict weighs "
                      f"{label(m['speed_runtime'])}'s timings.")
+    notes.extend(fewer_threads_notes(m))
     if m.get("cpus_busy_while_timing", 0) >= BUSY:
         note = busy_note(m["cpus_busy_while_timing"], "<run directory>/export")
         notes.append(note[0].upper() + note[1:] + ".")
@@ -179,6 +181,27 @@ def report_notes(m):
         notes.append(f"QAT against post-training quantization of the same float student (onnxruntime static PTQ, "
                      f"model.ptq.onnx): {m['int8_onnx_acc']:.2f}% vs {m['ptq_onnx_acc']:.2f}% "
                      f"({m['qat_minus_ptq_points']:+.2f} points from the qat stage){beyond_noise(m)}.")
+    return notes
+
+
+def fewer_threads_notes(m):
+    """Where the deployed file ran faster on fewer threads than on the most measured (a small int8 model at batch
+    1: too little work per layer to split), one sentence a batch size saying so and what to set."""
+    kind = (m.get("deploy") or "").removeprefix("model.").removesuffix(".onnx")  # model.<kind>.onnx, the tables' key
+    cells = {}
+    for key, ms in ((m.get("latency_ms") or {}).get(kind) or {}).items():
+        batch, threads = (int(part[1:]) for part in key.split("_"))
+        cells.setdefault(batch, {})[threads] = ms
+    notes = []
+    for batch, by_threads in sorted(cells.items()):
+        most = max(by_threads)
+        fewest_ms, threads = min((ms, t) for t, ms in by_threads.items())
+        if threads < most and fewest_ms * FEWER_THREADS <= by_threads[most]:
+            notes.append(f"At batch {batch}, export/{m['deploy']} ran faster on {threads} thread"
+                         f"{'s' if threads > 1 else ''} ({fewest_ms:.3f} ms) than on {most} ({by_threads[most]:.3f} "
+                         f"ms): too little work per layer to split; where it runs batches of {batch}, give the runtime "
+                         f"{threads} thread{'s' if threads > 1 else ''} (onnxruntime: "
+                         f"SessionOptions.intra_op_num_threads).")
     return notes
 
 

@@ -104,3 +104,22 @@ def test_the_reports_words_on_qat_against_ptq_follow_what_the_verdict_weighed():
     noise = {**m, "qat_only_right": 2, "ptq_only_right": 3, "qat_vs_ptq_p": 1.0}
     assert beyond_noise({**noise, "int8_weighed": "model.ptq.onnx"}).endswith(
         "equally accurate on this evidence; the verdict weighed model.ptq.onnx, the faster of the two")
+
+
+def test_the_report_says_when_the_deployed_file_runs_faster_on_fewer_threads():
+    """A small int8 model at batch 1 can be faster on 1 thread than on 2; the report says so for the deployed file
+    (and only where the gap is beyond the 10 % a busy machine moves a cell), naming what to set."""
+    from compress.quant.verdict import fewer_threads_notes, report_notes
+
+    lat = {"fp32": {"b1_t1": 0.41, "b64_t1": 17.9, "b1_t2": 0.32, "b64_t2": 12.7},
+           "int8": {"b1_t1": 0.136, "b64_t1": 6.63, "b1_t2": 0.170, "b64_t2": 5.18}}
+    m = {"deploy": "model.int8.onnx", "deploy_why": "faster", "latency_ms": lat}
+    notes = fewer_threads_notes(m)
+    assert notes == ["At batch 1, export/model.int8.onnx ran faster on 1 thread (0.136 ms) than on 2 (0.170 ms): "
+                     "too little work per layer to split; where it runs batches of 1, give the runtime 1 thread "
+                     "(onnxruntime: SessionOptions.intra_op_num_threads)."]
+    assert notes[0] in report_notes(m)
+    assert fewer_threads_notes({**m, "deploy": "model.fp32.onnx"}) == []  # fp32 gains from the second thread
+    within_noise = {**lat, "int8": {**lat["int8"], "b1_t1": 0.160}}
+    assert fewer_threads_notes({**m, "latency_ms": within_noise}) == []
+    assert fewer_threads_notes({"deploy": "model.int8.onnx"}) == []  # a manifest from before latency was recorded
