@@ -263,6 +263,8 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
         _print_one(models[0], tables["A"], how)
     else:
         _print_compared(names, tables, how)
+    if not as_json:
+        _print_fewer_threads(names, tables)
 
 
 def _run_files(path):
@@ -285,6 +287,16 @@ def _print_one(path, cells, how):
     echo(f"{'batch':>6} {'threads':>8} {'ms':>10} {'images/s':>12}")
     for c in cells:
         echo(f"{c['batch']:>6} {c['threads']:>8} {c['ms']:>10.3f} {c['images_per_s']:>12,.0f}")
+
+
+def _print_fewer_threads(names, tables):
+    from compress.deploy.timing import fewer_threads
+
+    for label, cells in tables.items():
+        for batch, threads, ms, most, most_ms in fewer_threads(cells):
+            who, few = label if len(names) > 1 else "the file", f"{threads} thread{'s' if threads > 1 else ''}"
+            echo(f"{who} at batch {batch}: faster on {few} ({ms:.3f} ms) than on {most} ({most_ms:.3f} ms) - too "
+                 f"little work per layer to split; give the runtime {few} for batches of {batch}")
 
 
 def _print_compared(names, tables, how):

@@ -87,6 +87,25 @@ def cell(batch, threads, times):
             "min_ms": round(times["min_ms"], 4), "runs": times["runs"]}
 
 
+FEWER_THREADS = 1.1  # a file is said to run faster on fewer threads only when at least this much faster there
+
+
+def fewer_threads(cells):
+    """[(batch, threads, ms, most_threads, most_ms)] for each batch size at which one file's cells
+    ({"batch", "threads", "ms"}) show it at least FEWER_THREADS times faster on fewer threads than on the most
+    measured - a small int8 model at batch 1, whose layers are too little work to split."""
+    by_batch = {}
+    for c in cells:
+        by_batch.setdefault(c["batch"], {})[c["threads"]] = c["ms"]
+    found = []
+    for batch, by_threads in sorted(by_batch.items()):
+        most = max(by_threads)
+        ms, threads = min((ms, t) for t, ms in by_threads.items())
+        if threads < most and ms * FEWER_THREADS <= by_threads[most]:
+            found.append((batch, threads, ms, most, by_threads[most]))
+    return found
+
+
 def median_ms(model, x, repeats=30, warmup=5):
     """Median milliseconds of `model(x)` over `repeats` timed calls after `warmup` untimed ones."""
     for _ in range(warmup):

@@ -11,12 +11,11 @@ from compress.cpus import usable_cpus
 from compress.deploy.export_report import Attempt, Candidate, Speed, Verdict
 from compress.deploy.latency import cell_ms, deciding_cell, remeasure
 from compress.deploy.runtimes import label
-from compress.deploy.timing import LONGER_ROUNDS, ROUNDS, speedup_text
+from compress.deploy.timing import LONGER_ROUNDS, ROUNDS, fewer_threads, speedup_text
 from compress.training.paired import p_text
 
 LABELS = {"fp32": "fp32", "int8": "QAT int8", "ptq": "PTQ int8"}
 FASTER = 1.1  # one int8 file beats the other on speed only this much faster, in every round: less is noise
-FEWER_THREADS = 1.1  # a file said to run faster on fewer threads must be at least this much faster there
 BUSY = 0.5  # cores other processes kept busy, from which the timings are called noisy
 
 
@@ -188,21 +187,15 @@ def fewer_threads_notes(m):
     """Where the deployed file ran faster on fewer threads than on the most measured (a small int8 model at batch
     1: too little work per layer to split), one sentence a batch size saying so and what to set."""
     kind = (m.get("deploy") or "").removeprefix("model.").removesuffix(".onnx")  # model.<kind>.onnx, the tables' key
-    cells = {}
-    for key, ms in ((m.get("latency_ms") or {}).get(kind) or {}).items():
+    cells = []
+    for key, ms in ((m.get("latency_ms") or {}).get(kind) or {}).items():  # "b<batch>_t<threads>": ms
         batch, threads = (int(part[1:]) for part in key.split("_"))
-        cells.setdefault(batch, {})[threads] = ms
-    notes = []
-    for batch, by_threads in sorted(cells.items()):
-        most = max(by_threads)
-        fewest_ms, threads = min((ms, t) for t, ms in by_threads.items())
-        if threads < most and fewest_ms * FEWER_THREADS <= by_threads[most]:
-            notes.append(f"At batch {batch}, export/{m['deploy']} ran faster on {threads} thread"
-                         f"{'s' if threads > 1 else ''} ({fewest_ms:.3f} ms) than on {most} ({by_threads[most]:.3f} "
-                         f"ms): too little work per layer to split; where it runs batches of {batch}, give the runtime "
-                         f"{threads} thread{'s' if threads > 1 else ''} (onnxruntime: "
-                         f"SessionOptions.intra_op_num_threads).")
-    return notes
+        cells.append({"batch": batch, "threads": threads, "ms": ms})
+    return [f"At batch {batch}, export/{m['deploy']} ran faster on {threads} thread{'s' if threads > 1 else ''} "
+            f"({ms:.3f} ms) than on {most} ({most_ms:.3f} ms): too little work per layer to split; where it runs "
+            f"batches of {batch}, give the runtime {threads} thread{'s' if threads > 1 else ''} (onnxruntime: "
+            "SessionOptions.intra_op_num_threads)."
+            for batch, threads, ms, most, most_ms in fewer_threads(cells)]
 
 
 def beyond_noise(m):

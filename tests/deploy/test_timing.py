@@ -53,3 +53,23 @@ def test_sessions_stop_spinning_between_calls(tmp_path):
     options = OnnxModel(str(tmp_path / "relu.onnx"), threads=2, require_metadata=False).session.get_session_options()
     assert options.get_session_config_entry("session.force_spinning_stop") == "1"
     assert options.intra_op_num_threads == 2
+
+
+def test_fewer_threads_names_the_batch_sizes_where_a_file_ran_faster_on_fewer_threads(capsys):
+    """A small int8 model at batch 1 can run faster on 1 thread than on 2; beyond the 10 % a busy machine moves a
+    cell, the batch size is named with both figures (for the report's note and `compress bench`'s line)."""
+    from compress.cli.deploy_cmds import _print_fewer_threads
+    from compress.deploy.timing import fewer_threads
+
+    def cells(b1_t1, b1_t2, b64_t1, b64_t2):
+        return [{"batch": 1, "threads": 1, "ms": b1_t1}, {"batch": 64, "threads": 1, "ms": b64_t1},
+                {"batch": 1, "threads": 2, "ms": b1_t2}, {"batch": 64, "threads": 2, "ms": b64_t2}]
+
+    int8 = cells(0.136, 0.170, 6.63, 5.18)
+    assert fewer_threads(int8) == [(1, 1, 0.136, 2, 0.170)]
+    assert fewer_threads(cells(0.41, 0.32, 17.9, 12.7)) == []  # fp32: faster on more threads
+    assert fewer_threads(cells(0.160, 0.170, 6.63, 5.18)) == []  # 6 % apart: within a busy machine's noise
+    assert fewer_threads([{"batch": 1, "threads": 2, "ms": 0.2}]) == []  # one thread count measured
+    _print_fewer_threads({"A": "fp32.onnx", "B": "int8.onnx"}, {"A": cells(0.41, 0.32, 17.9, 12.7), "B": int8})
+    assert capsys.readouterr().out == ("B at batch 1: faster on 1 thread (0.136 ms) than on 2 (0.170 ms) - too little "
+                                       "work per layer to split; give the runtime 1 thread for batches of 1\n")
