@@ -7,6 +7,8 @@ The rule: of the two int8 files, the more accurate beyond noise; equally accurat
 file is at least FASTER times faster in every interleaved round; that int8 file is deployed when it is
 export.min_int8_speedup times faster than fp32, else the fp32 file is."""
 
+import re
+
 from compress.cpus import usable_cpus
 from compress.deploy.export_report import Attempt, Candidate, Speed, Verdict
 from compress.deploy.latency import cell_ms, deciding_cell, remeasure
@@ -186,11 +188,14 @@ def report_notes(m):
 def fewer_threads_notes(m):
     """Where the deployed file ran faster on fewer threads than on the most measured (a small int8 model at batch
     1: too little work per layer to split), one sentence a batch size saying so and what to set."""
-    kind = (m.get("deploy") or "").removeprefix("model.").removesuffix(".onnx")  # model.<kind>.onnx, the tables' key
+    deploy = m.get("deploy") if isinstance(m.get("deploy"), str) else ""
+    kind = deploy.removeprefix("model.").removesuffix(".onnx")  # model.<kind>.onnx: the key of its latency cells
+    tables = m.get("latency_ms") if isinstance(m.get("latency_ms"), dict) else {}
     cells = []
-    for key, ms in ((m.get("latency_ms") or {}).get(kind) or {}).items():  # "b<batch>_t<threads>": ms
-        batch, threads = (int(part[1:]) for part in key.split("_"))
-        cells.append({"batch": batch, "threads": threads, "ms": ms})
+    for key, ms in (tables.get(kind) if isinstance(tables.get(kind), dict) else {}).items():  # "b<batch>_t<threads>"
+        found = re.fullmatch(r"b(\d+)_t(\d+)", str(key))
+        if found and isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:  # else: a damaged figure
+            cells.append({"batch": int(found[1]), "threads": int(found[2]), "ms": ms})
     return [f"At batch {batch}, export/{m['deploy']} ran faster on {threads} thread{'s' if threads > 1 else ''} "
             f"({ms:.3f} ms) than on {most} ({most_ms:.3f} ms): too little work per layer to split; where it runs "
             f"batches of {batch}, give the runtime {threads} thread{'s' if threads > 1 else ''} (onnxruntime: "

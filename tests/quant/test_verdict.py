@@ -123,3 +123,17 @@ def test_the_report_says_when_the_deployed_file_runs_faster_on_fewer_threads():
     within_noise = {**lat, "int8": {**lat["int8"], "b1_t1": 0.160}}
     assert fewer_threads_notes({**m, "latency_ms": within_noise}) == []
     assert fewer_threads_notes({"deploy": "model.int8.onnx"}) == []  # a manifest from before latency was recorded
+
+
+def test_a_damaged_latency_figure_in_the_manifest_gives_no_threads_note_and_no_error():
+    """The manifest is a file a user can edit or damage: a latency key or figure that is not what export writes is
+    skipped, never an exception in `compress report` or `compress show`."""
+    from compress.quant.verdict import fewer_threads_notes
+
+    good = {"b1_t1": 0.136, "b1_t2": 0.170}
+    for bad in ({"bogus": 1.0}, {"b1_t3": "fast"}, {"b1_t3": True}, {"b1_t3": None}, {"b1_t3": -1}):
+        damaged = {**good, **bad}
+        assert len(fewer_threads_notes({"deploy": "model.int8.onnx", "latency_ms": {"int8": damaged}})) == 1
+    for m in ({"deploy": "model.int8.onnx", "latency_ms": {"int8": [1, 2]}}, {"deploy": 3, "latency_ms": {}},
+              {"deploy": "model.int8.onnx", "latency_ms": "fast"}):
+        assert fewer_threads_notes(m) == []
