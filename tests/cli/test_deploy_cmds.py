@@ -2,6 +2,7 @@
 installed script, errors in one line, two files side by side."""
 
 import json
+import re
 
 import onnx
 import pytest
@@ -26,7 +27,8 @@ def test_predict_on_a_run_whose_export_is_stale_says_so(run_copy, tmp_path):
     assert invoke("run", "--run-dir", run_copy, "--stages", "export", "--set", "export.min_int8_speedup=100",
                   "--set", "export.require_faster_int8=true").exit_code == 1
     failed = invoke("predict", run_copy, *paths)
-    assert "warning: the last export failed (export: QAT int8 is" in failed.stderr, failed.output
+    # the int8 file weighed is QAT's, or PTQ's when as accurate and 1.1x faster in every round (timing decides)
+    assert re.search(r"warning: the last export failed \(export: (QAT|PTQ) int8 is ", failed.stderr), failed.output
     assert "its files are kept for inspection, not verified for deployment" in failed.stderr
     assert invoke("run", "--run-dir", run_copy, "--stages", "export", "--set", "export.min_int8_speedup=0",
                   "--set", "export.require_faster_int8=false").exit_code == 0

@@ -4,6 +4,7 @@ Ctrl-C."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 
@@ -96,12 +97,14 @@ def test_an_int8_model_not_fast_enough_ends_in_a_verdict_for_the_fp32_file(tmp_p
     export = json.loads((run / "export" / "export.json").read_text())
     speed, verdict = export["speed"], export["verdict"]
     assert speed["speedup"] < 100 and len(speed["attempts"]) == 2 and verdict["deploy"] == "fp32"
-    assert verdict["why"].startswith("QAT int8 is") and "than fp32 (batch 64, " in verdict["why"]
+    # the int8 file weighed: QAT's, or PTQ's when it is as accurate and 1.1x faster in every round (timing decides)
+    weighed = {"model.int8.onnx": ("int8", "QAT int8"), "model.ptq.onnx": ("ptq", "PTQ int8")}[speed["int8_file"]]
+    assert verdict["why"].startswith(f"{weighed[1]} is") and "than fp32 (batch 64, " in verdict["why"]
     assert f"{speed['int8_ms']:.2f} ms against fp32's {speed['fp32_ms']:.2f} ms; needed 100x)" in verdict["why"]
     assert [a["rounds"] for a in speed["attempts"]] == [5, 11]
     cells = {k: next(c for c in export["latency_ms"][k] if (c["batch"], c["threads"]) == (64, speed["threads"]))
-             for k in ("fp32", "int8")}
-    assert (cells["fp32"]["ms"], cells["int8"]["ms"]) == (speed["fp32_ms"], speed["int8_ms"])
+             for k in ("fp32", weighed[0])}
+    assert (cells["fp32"]["ms"], cells[weighed[0]]["ms"]) == (speed["fp32_ms"], speed["int8_ms"])
     assert len(cells["fp32"]["round_ms"]) == 11  # the longer measurement is the table's cell too
     assert "x smaller, if size matters more than speed" in verdict["why"]
     assert f"Deploy export/model.fp32.onnx: {verdict['why']}" in (run / "report.md").read_text()
@@ -117,7 +120,7 @@ def test_an_int8_model_not_fast_enough_ends_in_a_verdict_for_the_fp32_file(tmp_p
     strict = invoke(*base, "--set", "export.require_faster_int8=true")
     assert strict.exit_code == 1, strict.output
     errors = [line for line in strict.stderr.splitlines() if line.startswith("error")]
-    assert len(errors) == 1 and errors[0].startswith("error: export: QAT int8 is")
+    assert len(errors) == 1 and re.match(r"error: export: (QAT|PTQ) int8 is ", errors[0]), errors
     assert "needed 100x), so the fp32" in errors[0]
     assert "export.require_faster_int8 is true" in errors[0]
     for name in ("model.fp32.onnx", "model.int8.onnx", "export.json"):
