@@ -60,7 +60,7 @@ def test_relu6_between_int8_layers_clamps_the_integers(tmp_path):
 
 
 def _onnxruntime_graph(path, tmp_path):
-    """The graph onnxruntime actually runs (its default optimizations, saved), as (op_type, inputs) per node."""
+    """The graph onnxruntime actually runs: its default optimizations applied, saved and loaded back (a GraphProto)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
