@@ -61,7 +61,7 @@ def run(ctx):
     measured = measure_accuracy(float_model, int8_model, paths, eval_loader(data.val, cfg.train.eval_batch_size, 0, 1))
     stop_if_asked("after checking parity")
     busy = _cpus_busy(ctx)
-    tables = {rt: latency_tables(paths, e.latency_batch_sizes, repeats=e.latency_repeats, warmup=e.latency_warmup,
+    tables = {rt: latency_tables(paths, e.latency_batch_sizes, e.latency_threads, e.latency_repeats, e.latency_warmup,
                                  stop=stop_if_asked, runtime=rt) for rt in runtimes}
     float_layers = qconfig.get("float_layers", [])
     speed, decided = verdict.decide(measured, tables[runtimes[0]], paths, files, sizes, float_layers, e, runtimes[0],
@@ -201,7 +201,7 @@ def _teacher_latency(ctx, data, e, runtime):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "teacher.onnx")
         export_onnx(model, data.example(), path, e.opset, deployment_metadata(ctx.cfg.model.teacher, data))
-        cells = latency_table(path, e.latency_batch_sizes, repeats=e.latency_repeats, warmup=e.latency_warmup,
+        cells = latency_table(path, e.latency_batch_sizes, e.latency_threads, e.latency_repeats, e.latency_warmup,
                               stop=stop_if_asked, runtime=runtime)
         return cells, os.path.getsize(path)
 

@@ -10,6 +10,7 @@ import torch
 from compress.cpus import usable_cpus
 from compress.data.sampling import eval_loader
 from compress.deploy.latency import speedup_text
+from compress.deploy.timing import threads_text
 from compress.distill.logit_losses import hinton
 from compress.errors import StageFailed
 from compress.models.registry import build_model, count_parameters
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 
 NAME = "qat"
 SUMMARY = "quantization-aware fine-tuning (FX, DDP); int8 accuracy checked every epoch"
-CONFIG_KEYS = ("seed", "data", "-data.unlabeled", "model", "qat", "export.latency_batch_sizes", "export.opset")
+CONFIG_KEYS = ("seed", "data", "-data.unlabeled", "model", "qat", "export.latency_batch_sizes",
+               "export.latency_threads", "export.opset")
 OUTPUTS = {"model": "qat/qat.safetensors", "metrics": "qat/metrics.json"}
 PARTS = ("",)
 RANK0_ONLY = False
@@ -161,8 +163,8 @@ def choose_float_layers(ctx, float_model, data):
     batch = max(e.latency_batch_sizes)
     images = data.val.batch(range(min(len(data.val), max(batch, 64)))).x
     calibration = list(images.split(32))
-    timer = mixed_precision.Timer(float_model, calibration, images[:batch], q, threads=usable_cpus(),
-                                  opset=e.opset)
+    threads = max(e.latency_threads) if e.latency_threads else usable_cpus()  # the cell the export verdict weighs
+    timer = mixed_precision.Timer(float_model, calibration, images[:batch], q, threads=threads, opset=e.opset)
     stop = lambda: interrupt.stop_if_asked("in qat (while timing int8 candidates)")  # noqa: E731
     try:
         layers, figures = mixed_precision.choose_float_layers(timer, float_model, stop=stop)
@@ -171,7 +173,7 @@ def choose_float_layers(ctx, float_model, data):
         return [], {"mode": "all int8 (timing failed)"}
     finally:
         timer.close()
-    figures = {"mode": "latency-aware (batch %d, %d threads)" % (batch, usable_cpus()), "runtime": "onnxruntime",
+    figures = {"mode": f"latency-aware (batch {batch}, {threads_text(threads)})", "runtime": "onnxruntime",
                **figures}
     tried = "; ".join(f"{t['float']} float {t['with_float_ms']:.2f} ms vs int8 {t['int8_ms']:.2f} ms "
                       f"({'kept float' if t['kept_float'] else 'stays int8'})" for t in figures["tried"])

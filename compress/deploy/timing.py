@@ -118,6 +118,11 @@ def median_ms(model, x, repeats=30, warmup=5):
     return statistics.median(times)
 
 
+def threads_text(n):
+    """'1 thread', '16 threads'."""
+    return f"{n} thread{'s' if n != 1 else ''}"
+
+
 def speedup_text(ratio):
     """'2.45x faster' or '1.33x slower' (never '0.75x faster')."""
     return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"

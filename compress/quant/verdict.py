@@ -13,7 +13,7 @@ from compress.cpus import usable_cpus
 from compress.deploy.export_report import Attempt, Candidate, Speed, Verdict
 from compress.deploy.latency import cell_ms, deciding_cell, remeasure
 from compress.deploy.runtimes import label
-from compress.deploy.timing import LONGER_ROUNDS, ROUNDS, fewer_threads, speedup_text
+from compress.deploy.timing import LONGER_ROUNDS, ROUNDS, fewer_threads, speedup_text, threads_text
 from compress.training.paired import p_text
 
 LABELS = {"fp32": "fp32", "int8": "QAT int8", "ptq": "PTQ int8"}
@@ -53,7 +53,8 @@ def weigh(measured, tables, files, sizes, float_layers, e, runtime):
     kind, choice = _int8_choice(measured, tables, batch, threads) if "ptq" in candidates else ("int8", "")
     fp32, int8 = candidates["fp32"], candidates[kind]
     ratio, smaller = fp32.ms / int8.ms, fp32.size_bytes / int8.size_bytes
-    timing = f"batch {batch}, {threads} threads in {label(runtime)}: {int8.ms:.2f} ms against fp32's {fp32.ms:.2f} ms"
+    timing = (f"batch {batch}, {threads_text(threads)} in {label(runtime)}: {int8.ms:.2f} ms against fp32's "
+              f"{fp32.ms:.2f} ms")
     against = (f"{int8.accuracy:.2f}% validation accuracy against fp32's {fp32.accuracy:.2f}% "
                f"({_against_fp32(measured, kind)})")
     faster = ratio >= e.min_int8_speedup
@@ -149,7 +150,8 @@ def summary_line(report):
     return (f"fp32 ONNX {r.fp32.onnx_acc:.2f}% {r.size_bytes['fp32'] / 1e3:.0f} KB, "
             f"int8 ONNX {r.int8.onnx_acc:.2f}% {r.size_bytes['int8'] / 1e3:.0f} KB"
             + (f", PTQ int8 {r.ptq.onnx_acc:.2f}%" if r.ptq is not None else "")
-            + f"; {label(s.runtime)}, batch {s.batch}, {s.threads} threads: int8{weighed} {s.int8_ms:.2f} ms vs fp32 "
+            + f"; {label(s.runtime)}, batch {s.batch}, {threads_text(s.threads)}: int8{weighed} {s.int8_ms:.2f} ms "
+            f"vs fp32 "
             f"{s.fp32_ms:.2f} ms ({speedup_text(s.speedup)}) - deploy {r.verdict.file}")
 
 
@@ -167,11 +169,11 @@ def report_notes(m):
              "made from it - by QAT, and for comparison by post-training quantization."]
     if "verdict_cell" in m:
         cell = m["verdict_cell"]
-        notes.append(f"The verdict reads the latency table's own cells (batch {cell['batch']}, {cell['threads']} "
-                     f"threads, {label(m['speed_runtime'])}); `compress bench <run directory>` times the files the "
-                     "same way.")
+        notes.append(f"The verdict reads the latency table's own cells (batch {cell['batch']}, "
+                     f"{threads_text(cell['threads'])}, {label(m['speed_runtime'])}); `compress bench <run "
+                     "directory>` times the files the same way.")
     for runtime, t in m.get("other_runtimes", {}).items():
-        notes.append(f"In {label(runtime)} (batch {t['batch']}, {t['threads']} threads): int8 {t['int8']:.3f} ms "
+        notes.append(f"In {label(runtime)} (batch {t['batch']}, {threads_text(t['threads'])}): int8 {t['int8']:.3f} ms "
                      f"against fp32 {t['fp32']:.3f} ms ({speedup_text(t['fp32'] / t['int8'])}); the verdict weighs "
                      f"{label(m['speed_runtime'])}'s timings.")
     notes.extend(fewer_threads_notes(m))

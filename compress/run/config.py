@@ -452,10 +452,14 @@ class ExportConfig:
     latency_repeats: int = _f(30, "most timed runs of a file in each of a latency cell's 5 interleaved rounds (each "
                                   "round at most 0.05 s a file; reported: the median of the rounds' fastest runs)")
     latency_warmup: int = _f(5, "untimed runs before timing")
+    latency_threads: Optional[tuple[int, ...]] = _f(
+        None, "thread counts the latency table times; null: 1 and every usable core. The verdict and the qat "
+              "stage's float-layer choice weigh the most threads listed: exporting on a bigger machine than the one "
+              "you deploy to, give the target's (e.g. [1, 2] for a 2-core device)")
     runtimes: Optional[tuple[Literal[tuple(RUNTIMES)], ...]] = _f(None, runtimes_help())
     min_int8_speedup: float = _f(1.0, "the int8 file is the one to deploy when it is at least this much faster than "
                                       "fp32 in the first runtime (the latency table's cell of the largest batch on "
-                                      "all cores); else the fp32 file is, and the report says why")
+                                      "the most threads timed); else the fp32 file is, and the report says why")
     require_faster_int8: bool = _f(False, "fail the stage (exit 1, every file kept) instead of recommending the fp32 "
                                           "file when int8 is not min_int8_speedup times faster")
     ptq: bool = _f(True, "also quantize the float model with onnxruntime's post-training static quantization "
@@ -481,6 +485,9 @@ class ExportConfig:
              "latency_batch_sizes: give batch sizes between 1 and 4096"),
             between("latency_repeats", self.latency_repeats, 1, 100_000),
             between("latency_warmup", self.latency_warmup, 0, 10_000),
+            (self.latency_threads is not None
+             and (not self.latency_threads or any(outside(t, 1, 1024) for t in self.latency_threads)),
+             "latency_threads: give thread counts between 1 and 1024, or null for 1 and every usable core"),
         ])
 
 
@@ -679,7 +686,8 @@ def section_hash(cfg, keys):
 
 
 NO_RESULT = ("cache_mb", "cache_dir", "download")  # how images are held or fetched, never which they are
-AS_BEFORE_WHEN_NULL = ("norm_weight_decay",)  # training keys whose null reproduces what ran before they existed
+# keys whose null reproduces what ran before they existed
+AS_BEFORE_WHEN_NULL = ("norm_weight_decay", "latency_threads")
 COVERED_BY_LISTING = ("val_fraction", "split_seed", "limit")  # an image folder's listing digest holds their effect
 
 
@@ -697,6 +705,8 @@ def result_hash(cfg, keys, images_followed):
 def as_it_counts(picked, images_followed):
     """A config slice (`config_slice`) as far as it can change a stage's result (see `result_hash`); a copy."""
     picked = copy.deepcopy(picked)
+    for name in [k for k in picked if k.rsplit(".", 1)[-1] in AS_BEFORE_WHEN_NULL and picked[k] is None]:
+        picked.pop(name)  # a dotted key a stage declares on its own ('export.latency_threads')
     for section in picked.values():
         if isinstance(section, dict):
             for key in AS_BEFORE_WHEN_NULL:

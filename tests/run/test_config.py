@@ -305,6 +305,30 @@ def test_norm_weight_decay_decays_the_1d_parameters_apart_and_its_null_keeps_fin
         {"teacher": {"lr": 0.1, "norm_weight_decay": 0.0}}
 
 
+def test_export_latency_threads_is_checked_and_its_null_keeps_finished_qat_and_export_current():
+    from compress.run.config import as_it_counts, config_slice, result_hash
+    from stages import STAGES
+
+    with pytest.raises(ConfigError, match=r"export.latency_threads: give thread counts between 1 and 1024"):
+        load_config(None, ["export.latency_threads=[0, 2]"])
+    with pytest.raises(ConfigError, match=r"export.latency_threads: give thread counts between 1 and 1024"):
+        load_config(None, ["export.latency_threads=[]"])
+    assert load_config(None, ["export.latency_threads=[1, 2]"]).export.latency_threads == (1, 2)
+    cfg = load_config(None, [])
+    # a run recorded before the key existed has none in its slice: null must count as that did, both where a
+    # stage reads the key on its own (qat: 'export.latency_threads') and inside a section (export)
+    qat = config_slice(cfg, STAGES["qat"].CONFIG_KEYS)
+    older = {k: v for k, v in qat.items() if k != "export.latency_threads"}
+    assert "export.latency_threads" in qat and as_it_counts(qat, False) == as_it_counts(older, False)
+    export = config_slice(cfg, STAGES["export"].CONFIG_KEYS)
+    older = {**export, "export": {k: v for k, v in export["export"].items() if k != "latency_threads"}}
+    assert "latency_threads" in export["export"] and as_it_counts(export, False) == as_it_counts(older, False)
+    chosen = load_config(None, ["export.latency_threads=[1, 2]"])
+    for stage in ("qat", "export"):  # a value reruns both: the verdict and the float-layer choice weigh it
+        keys = STAGES[stage].CONFIG_KEYS
+        assert result_hash(chosen, keys, False) != result_hash(cfg, keys, False)
+
+
 @pytest.mark.e2e
 def test_a_config_with_a_key_twice_is_refused_with_both_lines(tmp_path):
     config = tmp_path / "twice.yaml"

@@ -73,6 +73,22 @@ def test_when_qat_cost_accuracy_the_verdict_deploys_the_post_training_quantized_
     assert predicted.exit_code == 0 and "using model.ptq.onnx, as export recommends" in predicted.stderr
 
 
+def test_export_latency_threads_makes_the_verdict_and_the_float_layer_choice_weigh_the_targets_threads(
+        run_copy, tiny_config):
+    """Exporting on a bigger machine than the one deployed to (a GPU server's 16 cores for a 2-core device):
+    export.latency_threads=[1] times one thread only, and both the qat stage's float-layer choice and the
+    export verdict weigh that cell instead of every core of this machine."""
+    result = invoke("run", "-c", tiny_config, "--run-dir", run_copy, "--stages", "qat,export", "--set",
+                    "export.latency_threads=[1]", "--set", "qat.float_layers=null")
+    assert result.exit_code == 0, result.output
+    export = json.loads((run_copy / "export" / "export.json").read_text())
+    assert {c["threads"] for cells in export["latency_ms"].values() for c in cells} == {1}
+    assert (export["speed"]["batch"], export["speed"]["threads"]) == (8, 1)
+    assert "batch 8, 1 thread in onnxruntime" in export["verdict"]["why"]
+    qat = json.loads((run_copy / "manifest.json").read_text())["stages"]["qat"]["metrics"]
+    assert qat["mixed_precision"]["mode"] == "latency-aware (batch 8, 1 thread)"
+
+
 def test_an_int8_model_not_fast_enough_ends_in_a_verdict_for_the_fp32_file(tmp_path):
     """The fp32 verdict through the whole pipeline: export.min_int8_speedup 100 (no int8 file is 100x faster, so
     the outcome does not hang on how fast this machine is today; the KD tutorial's thin light_cnn at 3x32x32). The
