@@ -92,3 +92,20 @@ def crowding_note(threads, busy):
             f"thread(s) instead of {threads}, so that no step waits for a shared core (with {threads}, every step "
             f"waits for the busiest core: 8x slower beside one busy core, BENCHMARKS.md); set train.threads to choose "
             f"the count yourself")
+
+
+MAX_AUTO_LOADER_WORKERS = 8
+
+
+def loader_workers(setting, device_type, local_world=1):
+    """(DataLoader workers per training process, why) for train.num_workers = `setting`. null: none on a CPU -
+    the training step needs every core, and on 2 cores an in-process loader is as fast (BENCHMARKS.md, "Decoding
+    images once") - and on CUDA the process's share of the CPUs less one (its own), at most
+    MAX_AUTO_LOADER_WORKERS: on one H200 the photos recipe's crops took 10 workers to reach 5-7k images/s, where
+    one core cuts about 2k a second."""
+    if setting is not None:
+        return setting, "train.num_workers"
+    if device_type != "cuda":
+        return 0, "auto: CPU"
+    share = cpu_share(local_world)
+    return max(0, min(MAX_AUTO_LOADER_WORKERS, share - 1)), f"auto: CUDA, {share} CPUs for this process"

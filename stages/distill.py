@@ -175,7 +175,7 @@ def _train_baseline(ctx, data, labelled, val, precision):
     precision = precision.place([model], data.train.batch([0]).x)
     ddp_model = dist.wrap_ddp(model, env)
     loader = train_loader(labelled, dist.per_rank_batch(d.batch_size, env, "distill.batch_size"), env.rank, env.world,
-                          cfg.seed, cfg.train.num_workers, env.device.type == "cuda")
+                          cfg.seed, ctx.workers, env.device.type == "cuda")
     optimizer = build_optimizer(model.parameters(), d)
     schedule = Schedule.from_config(d, loader.sampler.batches_per_epoch)
     session = ctx.session({"student": model}, optimizer, schedule.steps_per_epoch, d.epochs, part="baseline",

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from compress.cpus import ELASTIC_WORKER_ENV, training_threads, usable_cpus
+from compress.cpus import ELASTIC_WORKER_ENV, MAX_AUTO_LOADER_WORKERS, loader_workers, training_threads, usable_cpus
 from conftest import invoke
 
 
@@ -34,6 +34,22 @@ def test_omp_num_threads_is_honoured_unless_torchrun_set_it():
     assert training_threads(2, worker) == (max(1, cpus // 2), f"{cpus} usable CPUs / 2 processes")
 
 
+def test_dataloader_workers_default_to_none_on_a_cpu_and_feed_a_gpu_from_the_processes_cpus():
+    code = "import os; os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:{n}])); " \
+           "from compress.cpus import loader_workers; print(loader_workers(None, 'cuda', {world})[0])"
+    run = lambda n, world: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code.format(n=n, world=world)], capture_output=True, text=True, check=True).stdout
+    assert run(1, 1).strip() == "0"  # one CPU: the process itself needs it
+    if usable_cpus() >= 2:
+        assert run(2, 1).strip() == "1"
+        assert run(2, 2).strip() == "0"  # 2 processes on 2 CPUs: one each, none left for workers
+    cpus = usable_cpus()
+    assert loader_workers(None, "cuda", 1) == (min(MAX_AUTO_LOADER_WORKERS, cpus - 1), f"auto: CUDA, {cpus} CPUs for "
+                                                                                       "this process")
+    assert loader_workers(None, "cpu", 1) == (0, "auto: CPU")
+    assert loader_workers(3, "cpu", 1) == (3, "train.num_workers") == loader_workers(3, "cuda", 4)
+
+
 @pytest.mark.e2e
 def test_a_run_takes_the_users_omp_num_threads_and_says_so(tmp_path, tiny_config):
     from conftest import compress_subprocess
@@ -42,7 +58,8 @@ def test_a_run_takes_the_users_omp_num_threads_and_says_so(tmp_path, tiny_config
     proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher", "--set",
                                "teacher.epochs=1", "--set", "data.limit=64", env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
-    assert "on 1 (OMP_NUM_THREADS) CPU thread(s) per process" in (run / "log.txt").read_text()
+    assert "on 1 (OMP_NUM_THREADS) CPU thread(s) per process, 0 DataLoader worker(s) (auto: CPU)" in (
+        run / "log.txt").read_text()
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="/proc/stat is Linux-only")

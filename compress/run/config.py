@@ -159,8 +159,10 @@ class TrainConfig:
                                       "process), else the CPUs this process may use (its affinity: taskset, cpuset, "
                                       "SLURM) / processes on this node; set 1 beside another busy process")
     eval_batch_size: int = _f(500, "batch size for evaluation")
-    num_workers: int = _f(0, "DataLoader worker processes per training process (imagefolder decodes and augments in "
-                             "them; in-memory datasets need none)")
+    num_workers: Optional[int] = _f(None, "DataLoader worker processes per training process (they cut and augment the "
+                                          "images; the pixels are the same with any number); null: 0 on a CPU, whose "
+                                          "cores the training step needs, and on CUDA this process's CPUs - 1, at "
+                                          "most 8, to keep the GPU fed")
     checkpoint_every: int = _f(0, "also write the resume checkpoint every N steps (0: at the end of each epoch)")
     progress: bool = _f(True, "show a progress bar on rank 0 when stderr is a terminal")
     clip_grad_norm: Optional[float] = _f(None, "teacher, distill and QAT training: scale the gradients down to this "
@@ -175,7 +177,8 @@ class TrainConfig:
             (outside(self.threads, 1, 1024), f"threads: must be between 1 and 1024, got {self.threads}"),
             (outside(self.eval_batch_size, 1, MAX_BATCH),
              f"eval_batch_size: must be between 1 and {MAX_BATCH}, got {self.eval_batch_size}"),
-            (outside(self.num_workers, 0, 256), f"num_workers: must be between 0 and 256, got {self.num_workers}"),
+            (outside(self.num_workers, 0, 256),
+             f"num_workers: must be between 0 and 256, or null for the default, got {self.num_workers}"),
             between("checkpoint_every", self.checkpoint_every, 0, 10**9),
         ])
 

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from compress import __version__
+from compress.cpus import loader_workers
 from compress.data.datasets import load_data
 from compress.data.pixels import Place
 from compress.data.sampling import eval_loader, train_loader
@@ -114,8 +115,13 @@ class StageContext:
         env, t = self.env, self.cfg.train
         per_rank = dist.per_rank_batch(batch_size, env, key)
         pin = env.device.type == "cuda"
-        return (train_loader(train_set, per_rank, env.rank, env.world, self.cfg.seed, t.num_workers, pin),
-                eval_loader(val_set, t.eval_batch_size, env.rank, env.world, t.num_workers, pin))
+        return (train_loader(train_set, per_rank, env.rank, env.world, self.cfg.seed, self.workers, pin),
+                eval_loader(val_set, t.eval_batch_size, env.rank, env.world, self.workers, pin))
+
+    @property
+    def workers(self):
+        """DataLoader worker processes per training process (train.num_workers, or its default here)."""
+        return loader_workers(self.cfg.train.num_workers, self.env.device.type, self.env.local_world)[0]
 
     def precision(self, models, example):
         """The training precision train.precision asks for on this hardware and for these models, said once in
@@ -127,9 +133,10 @@ class StageContext:
             if _fit_threads_to_free_cores():
                 threads = f"{torch.get_num_threads()} (beside busy neighbours)"
         if self.env.is_main:
-            log.info("%s: trains in %s (%s) on %s CPU thread(s) per process", self.stage,
-                     precision.name if precision.dtype is None else f"{precision.name} autocast", precision.reason,
-                     threads)
+            workers, why = loader_workers(self.cfg.train.num_workers, self.env.device.type, self.env.local_world)
+            log.info("%s: trains in %s (%s) on %s CPU thread(s) per process, %d DataLoader worker(s) (%s)",
+                     self.stage, precision.name if precision.dtype is None else f"{precision.name} autocast",
+                     precision.reason, threads, workers, why)
         return precision
 
     def session(self, modules, optimizer, steps_per_epoch, epochs, part="", precision=FP32, extra=None):
