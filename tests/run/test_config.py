@@ -56,6 +56,9 @@ def test_a_refused_value_is_traced_to_the_file_or_to_the_set_that_gave_it(tmp_pa
         load_config(str(config), ["distill={epochs: x}"])
     assert str(info.value) == (f"2 config errors in {config}:\n  - teacher.epochs: must be between 0 and 100000, "
                                "got -3\n  - distill.epochs: expected a whole number, got str 'x' (from --set)")
+    with pytest.raises(ConfigError) as info:  # an item of a list --set gave
+        load_config(str(config), ["teacher.epochs=2", "data.mean=[a]"])
+    assert str(info.value) == "config error in --set: data.mean[0]: expected a number, got str 'a'"
     config.write_text("distill:\n  kd:\n    weightx: 2\n")  # a key that --set's key begins, but not --set's
     with pytest.raises(ConfigError) as info:
         load_config(str(config), ["distill.kd.weight=1"])
