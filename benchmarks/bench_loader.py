@@ -46,6 +46,8 @@ def main():
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=1, help="rounds over the worker counts, interleaved")
     args = parser.parse_args()
+    if bool(args.run) == bool(args.config):
+        parser.error("give a run directory or --config, not both")
     steps = {}
     if args.config:
         cfg = load_config(resolve(args.config)[0], args.set)

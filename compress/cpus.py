@@ -107,5 +107,22 @@ def loader_workers(setting, device_type, local_world=1):
         return setting, "train.num_workers"
     if device_type != "cuda":
         return 0, "auto: CPU"
+    shm = shared_memory_bytes()
+    if shm is not None and shm < MIN_SHM_FOR_WORKERS:  # workers hand batches over through it: a bus error
+        return 0, (f"auto: CUDA, but /dev/shm holds only {shm / 2**20:.0f} MB, too little for worker processes' "
+                   "batches; give it more (docker run --shm-size 8g) or set train.num_workers")
     share = cpu_share(local_world)
     return max(0, min(MAX_AUTO_LOADER_WORKERS, share - 1)), f"auto: CUDA, {share} CPUs for this process"
+
+
+MIN_SHM_FOR_WORKERS = 2**30
+
+
+def shared_memory_bytes(path="/dev/shm"):
+    """The size of the shared-memory file system DataLoader workers pass batches through, or None where there is
+    none to read (not Linux)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_frsize * st.f_blocks

@@ -50,6 +50,18 @@ def test_dataloader_workers_default_to_none_on_a_cpu_and_feed_a_gpu_from_the_pro
     assert loader_workers(3, "cpu", 1) == (3, "train.num_workers") == loader_workers(3, "cuda", 4)
 
 
+def test_a_containers_small_dev_shm_keeps_the_gpu_default_to_no_workers(monkeypatch):
+    """Workers hand batches over through /dev/shm; Docker's default 64 MB would end in a bus error."""
+    import compress.cpus
+
+    monkeypatch.setattr(compress.cpus, "shared_memory_bytes", lambda path="/dev/shm": 64 * 2**20)
+    workers, why = loader_workers(None, "cuda", 1)
+    assert workers == 0 and "/dev/shm holds only 64 MB" in why and "--shm-size" in why
+    assert loader_workers(4, "cuda", 1) == (4, "train.num_workers")  # a count the user chose is theirs
+    monkeypatch.setattr(compress.cpus, "shared_memory_bytes", lambda path="/dev/shm": 8 * 2**30)
+    assert loader_workers(None, "cuda", 1)[0] == min(MAX_AUTO_LOADER_WORKERS, usable_cpus() - 1)
+
+
 @pytest.mark.e2e
 def test_a_run_takes_the_users_omp_num_threads_and_says_so(tmp_path, tiny_config):
     from conftest import compress_subprocess

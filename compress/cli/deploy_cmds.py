@@ -205,7 +205,8 @@ def _print_eval(result, names, root, model_path, png):
 @click.argument("models", nargs=-1, required=True, type=click.Path())
 @click.option("--batch", default=None, help="Comma-separated batch sizes [default: 1,64; for a run directory, its "
                                             "export.latency_batch_sizes].")
-@click.option("--threads", default=None, help="Comma-separated thread counts [default: 1,<all cores>].")
+@click.option("--threads", default=None, help="Comma-separated thread counts [default: 1,<all cores>; for a run "
+                                              "directory, its export.latency_threads when set].")
 @click.option("--repeats", type=click.IntRange(1, 100_000), default=None,
               help="Most timed runs of a file in each of the 5 interleaved rounds (each round up to 0.05 s a file) "
                    "[default: 30; for a run directory, its export.latency_repeats].")
@@ -237,13 +238,13 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
 
     if len(models) > 8:
         raise click.BadParameter("give at most 8 ONNX files, or one run directory", param_hint="MODELS")
-    settings = (None, None, None)
+    settings = (None, None, None, None)
     if len(models) == 1 and os.path.isdir(models[0]):
         models, settings = _run_files(models[0])
     for path in models:
         RUNTIMES[runtime].check(path)  # a clear error for a missing or non-ONNX file, or a missing runtime
     batches = _int_list(batch, "--batch", 4096) if batch else list(settings[0] or (1, 64))
-    thread_list = _int_list(threads, "--threads", 1024) if threads else default_threads()
+    thread_list = _int_list(threads, "--threads", 1024) if threads else list(settings[3] or default_threads())
     repeats = repeats or settings[1] or 30
     warmup = next(w for w in (warmup, settings[2], 5) if w is not None)
     busy = busy_elsewhere()
@@ -268,7 +269,8 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
 
 
 def _run_files(path):
-    """(the files a run directory's export verdict weighed, (batch sizes, repeats, warm-up) of its config)."""
+    """(the files a run directory's export verdict weighed, (batch sizes, repeats, warm-up, thread counts) of its
+    config)."""
     from compress.deploy.evaluate import run_files
     from compress.errors import CompressError
     from compress.run.config import load_config
@@ -278,8 +280,8 @@ def _run_files(path):
     try:
         e = load_config(os.path.join(run, "config.yaml")).export
     except (CompressError, OSError):  # a run directory without a readable config: bench's own defaults
-        return tuple(files.values()), (None, None, None)
-    return tuple(files.values()), (e.latency_batch_sizes, e.latency_repeats, e.latency_warmup)
+        return tuple(files.values()), (None, None, None, None)
+    return tuple(files.values()), (e.latency_batch_sizes, e.latency_repeats, e.latency_warmup, e.latency_threads)
 
 
 def _print_one(path, cells, how):

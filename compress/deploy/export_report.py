@@ -111,7 +111,7 @@ class Speed:
     batch: int
     """the largest of export.latency_batch_sizes"""
     threads: int
-    """every usable core"""
+    """the most threads timed: every usable core, or the most of export.latency_threads"""
     speedup: float
     """fp32 ms / int8 ms"""
     min_speedup: float

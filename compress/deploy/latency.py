@@ -1,8 +1,11 @@
 """Latency tables: every file timed in every cell (batch size x thread count) by the one protocol of
 compress.deploy.timing, in any registered runtime, on one kind of input - random 8-bit pixels normalised as the
 file's own metadata says, which any deployment can make from the file alone. The report's table, the export
-verdict (it reads the table's largest-batch, all-core cell) and `compress bench` all come from here, so a file
-timed by any of them is timed the same way."""
+verdict (it reads the table's largest-batch cell on the most threads timed) and `compress bench` all come from
+here, so a file timed by any of them is timed the same way."""
+
+import functools
+import logging
 
 import numpy as np
 
@@ -12,6 +15,8 @@ from compress.deploy.runtimes import FIRST, RUNTIMES
 from compress.deploy.timing import LONGER_ROUNDS, ROUNDS, Protocol, compare_latency, median_ms, speedup_text
 
 __all__ = ["compare_latency", "latency_table", "latency_tables", "median_ms", "speedup_text", "timing_input"]
+
+log = logging.getLogger(__name__)
 
 
 def default_threads():
@@ -47,8 +52,16 @@ def latency_tables(paths, batch_sizes=(1, 64), threads=None, repeats=30, warmup=
     timed in it in turns (interleaved rounds, the median of the timed calls: a busy machine slows them alike),
     all on the first file's timing_input; `stop()` is called between cells and rounds (it raises to abandon)."""
     x = timing_input(next(iter(paths.values())), max(batch_sizes))
+    if threads and max(threads) > usable_cpus():
+        _warn_oversubscribed(max(threads), usable_cpus())
     return RUNTIMES[runtime].measure(paths, x, batch_sizes, threads or default_threads(),
                                      protocol(repeats, warmup, rounds), stop)
+
+
+@functools.lru_cache(maxsize=None)  # once a process
+def _warn_oversubscribed(threads, cpus):
+    log.warning("timing on %d threads with %d usable CPUs: those cells share cores, so they are slower than on a "
+                "machine with %d; time the files on the target itself with compress bench", threads, cpus, threads)
 
 
 def latency_table(path, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime=FIRST):

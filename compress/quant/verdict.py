@@ -1,7 +1,7 @@
 """The export verdict: which file to deploy - fp32, QAT int8 or PTQ int8 - weighed on accuracy (exact McNemar tests
-image by image, compress.training.paired) and on latency (the report table's own cell: the largest batch on every
-core, in the first runtime), and named with its reason in one sentence; then the words the stage's summary line
-and the run report say about the export.
+image by image, compress.training.paired) and on latency (the report table's own cell: the largest batch on the most
+threads timed - every core, or the most of export.latency_threads - in the first runtime), and named with its
+reason in one sentence; then the words the stage's summary line and the run report say about the export.
 
 The rule: of the two int8 files, the more accurate beyond noise; equally accurate, the QAT file unless the PTQ
 file is at least FASTER times faster in every interleaved round; that int8 file is deployed when it is

@@ -162,7 +162,9 @@ class TrainConfig:
     num_workers: Optional[int] = _f(None, "DataLoader worker processes per training process (they cut and augment the "
                                           "images; the pixels are the same with any number); null: 0 on a CPU, whose "
                                           "cores the training step needs, and on CUDA this process's CPUs - 1, at "
-                                          "most 8, to keep the GPU fed")
+                                          "most 8, to keep the GPU fed (0 where /dev/shm, through which they hand "
+                                          "over batches, is under 1 GB, as a container's default 64 MB is); "
+                                          "evaluation, with nothing to augment, then runs in the process")
     checkpoint_every: int = _f(0, "also write the resume checkpoint every N steps (0: at the end of each epoch)")
     progress: bool = _f(True, "show a progress bar on rank 0 when stderr is a terminal")
     clip_grad_norm: Optional[float] = _f(None, "teacher, distill and QAT training: scale the gradients down to this "
@@ -491,6 +493,8 @@ class ExportConfig:
             (self.latency_threads is not None
              and (not self.latency_threads or any(outside(t, 1, 1024) for t in self.latency_threads)),
              "latency_threads: give thread counts between 1 and 1024, or null for 1 and every usable core"),
+            (self.latency_threads is not None and len(set(self.latency_threads)) != len(self.latency_threads),
+             f"latency_threads: give each thread count once, got {list(self.latency_threads or ())}"),
         ])
 
 

@@ -115,8 +115,9 @@ class StageContext:
         env, t = self.env, self.cfg.train
         per_rank = dist.per_rank_batch(batch_size, env, key)
         pin = env.device.type == "cuda"
+        eval_workers = t.num_workers or 0  # the default's workers cut training crops; evaluation has none to cut
         return (train_loader(train_set, per_rank, env.rank, env.world, self.cfg.seed, self.workers, pin),
-                eval_loader(val_set, t.eval_batch_size, env.rank, env.world, self.workers, pin))
+                eval_loader(val_set, t.eval_batch_size, env.rank, env.world, eval_workers, pin))
 
     @property
     def workers(self):

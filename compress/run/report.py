@@ -172,7 +172,7 @@ def figure(rows):
     style = {r["artifact"]: (f"C{i % 10}", markers[i % len(markers)]) for i, r in enumerate(rows)}
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
     for ax, key, label in ((axes[0], "size_bytes", "file size (KB, log scale)"),
-                           (axes[1], "latency_b64_ms", "latency, batch 64, all cores (ms, log scale)")):
+                           (axes[1], "latency_b64_ms", "latency, batch 64, most threads timed (ms, log scale)")):
         xs, ys = [], []
         for r in rows:
             if r[key] is None or r["val_acc"] is None:

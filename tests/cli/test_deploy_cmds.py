@@ -7,6 +7,7 @@ import re
 import onnx
 import pytest
 
+from compress.cpus import usable_cpus
 from conftest import compress_subprocess, invoke, write_val_pngs
 
 pytestmark = pytest.mark.e2e
@@ -122,3 +123,18 @@ def test_bench_compares_two_files_side_by_side(finished_run):
     lines = result.stdout.strip().splitlines()  # stderr may hold a note that the machine is busy
     assert "interleaved rounds" in lines[2] and len(lines) == 6
     assert all(("faster than" in line or "slower than" in line) for line in lines[4:])
+
+
+@pytest.mark.skipif(usable_cpus() < 2, reason="with one CPU the default thread counts are already [1]")
+def test_bench_on_a_run_directory_times_its_export_latency_threads(run_copy):
+    """`compress bench RUN_DIR` times a run's files as its report did: its export.latency_threads too."""
+    import yaml
+
+    config = run_copy / "config.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    cfg["export"]["latency_threads"] = [1]
+    config.write_text(yaml.safe_dump(cfg))
+    result = invoke("bench", run_copy, "--batch", "4", "--repeats", "3", "--json")
+    assert result.exit_code == 0, result.output
+    files = json.loads(result.stdout)["files"]
+    assert {c["threads"] for f in files for c in f["cells"]} == {1}

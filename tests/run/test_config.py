@@ -316,6 +316,8 @@ def test_export_latency_threads_is_checked_and_its_null_keeps_finished_qat_and_e
         load_config(None, ["export.latency_threads=[0, 2]"])
     with pytest.raises(ConfigError, match=r"export.latency_threads: give thread counts between 1 and 1024"):
         load_config(None, ["export.latency_threads=[]"])
+    with pytest.raises(ConfigError, match=r"export.latency_threads: give each thread count once, got \[2, 1, 2\]"):
+        load_config(None, ["export.latency_threads=[2, 1, 2]"])
     assert load_config(None, ["export.latency_threads=[1, 2]"]).export.latency_threads == (1, 2)
     cfg = load_config(None, [])
     # a run recorded before the key existed has none in its slice: null must count as that did, both where a

@@ -13,6 +13,7 @@ import onnx
 import pytest
 from PIL import Image
 
+from compress.cpus import usable_cpus
 from compress.deploy.onnx_model import metadata_of, optimized_op_types
 from conftest import invoke
 
@@ -73,6 +74,7 @@ def test_when_qat_cost_accuracy_the_verdict_deploys_the_post_training_quantized_
     assert predicted.exit_code == 0 and "using model.ptq.onnx, as export recommends" in predicted.stderr
 
 
+@pytest.mark.skipif(usable_cpus() < 2, reason="with one CPU the default thread counts are already [1]")
 def test_export_latency_threads_makes_the_verdict_and_the_float_layer_choice_weigh_the_targets_threads(
         run_copy, tiny_config):
     """Exporting on a bigger machine than the one deployed to (a GPU server's 16 cores for a 2-core device):
