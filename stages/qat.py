@@ -7,9 +7,8 @@ import math
 
 import torch
 
-from compress.cpus import usable_cpus
 from compress.data.sampling import eval_loader
-from compress.deploy.latency import speedup_text
+from compress.deploy.latency import default_threads, speedup_text
 from compress.deploy.timing import threads_text
 from compress.distill.logit_losses import hinton
 from compress.errors import StageFailed
@@ -163,7 +162,7 @@ def choose_float_layers(ctx, float_model, data):
     batch = max(e.latency_batch_sizes)
     images = data.val.batch(range(min(len(data.val), max(batch, 64)))).x
     calibration = list(images.split(32))
-    threads = max(e.latency_threads) if e.latency_threads else usable_cpus()  # the cell the export verdict weighs
+    threads = max(e.latency_threads or default_threads())  # the thread count of the cell the export verdict weighs
     timer = mixed_precision.Timer(float_model, calibration, images[:batch], q, threads=threads, opset=e.opset)
     stop = lambda: interrupt.stop_if_asked("in qat (while timing int8 candidates)")  # noqa: E731
     try:

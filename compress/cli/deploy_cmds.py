@@ -292,11 +292,11 @@ def _print_one(path, cells, how):
 
 
 def _print_fewer_threads(names, tables):
-    from compress.deploy.timing import fewer_threads
+    from compress.deploy.timing import fewer_threads, threads_text
 
     for label, cells in tables.items():
         for batch, threads, ms, most, most_ms in fewer_threads(cells):
-            who, few = label if len(names) > 1 else "the file", f"{threads} thread{'s' if threads > 1 else ''}"
+            who, few = label if len(names) > 1 else "the file", threads_text(threads)
             echo(f"{who} at batch {batch}: faster on {few} ({ms:.3f} ms) than on {most} ({most_ms:.3f} ms) - too "
                  f"little work per layer to split; give the runtime {few} for batches of {batch}")
 

@@ -151,8 +151,7 @@ def summary_line(report):
             f"int8 ONNX {r.int8.onnx_acc:.2f}% {r.size_bytes['int8'] / 1e3:.0f} KB"
             + (f", PTQ int8 {r.ptq.onnx_acc:.2f}%" if r.ptq is not None else "")
             + f"; {label(s.runtime)}, batch {s.batch}, {threads_text(s.threads)}: int8{weighed} {s.int8_ms:.2f} ms "
-            f"vs fp32 "
-            f"{s.fp32_ms:.2f} ms ({speedup_text(s.speedup)}) - deploy {r.verdict.file}")
+            f"vs fp32 {s.fp32_ms:.2f} ms ({speedup_text(s.speedup)}) - deploy {r.verdict.file}")
 
 
 def busy_note(busy, folder):
@@ -198,9 +197,9 @@ def fewer_threads_notes(m):
         found = re.fullmatch(r"b(\d+)_t(\d+)", str(key))
         if found and isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:  # else: a damaged figure
             cells.append({"batch": int(found[1]), "threads": int(found[2]), "ms": ms})
-    return [f"At batch {batch}, export/{m['deploy']} ran faster on {threads} thread{'s' if threads > 1 else ''} "
+    return [f"At batch {batch}, export/{m['deploy']} ran faster on {threads_text(threads)} "
             f"({ms:.3f} ms) than on {most} ({most_ms:.3f} ms): too little work per layer to split; where it runs "
-            f"batches of {batch}, give the runtime {threads} thread{'s' if threads > 1 else ''} (onnxruntime: "
+            f"batches of {batch}, give the runtime {threads_text(threads)} (onnxruntime: "
             "SessionOptions.intra_op_num_threads)."
             for batch, threads, ms, most, most_ms in fewer_threads(cells)]
 
