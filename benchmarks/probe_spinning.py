@@ -67,7 +67,8 @@ def main():
                 rows.append({"rep": rep, "mode": mode, "b": b, **{n: round(v["ms"], 3) for n, v in got.items()}})
                 print(json.dumps(rows[-1]), flush=True)
                 time.sleep(0.5)
-    print("\n| sessions | batch | fp32 ms | QAT int8 ms | PTQ int8 ms | QAT / PTQ int8 (range) | fp32 / QAT int8 (range) |"
+    print("\n| sessions | batch | fp32 ms | QAT int8 ms | PTQ int8 ms | QAT / PTQ int8 (range) "
+          "| fp32 / QAT int8 (range) |"
           "\n|---|---:|---:|---:|---:|---:|---:|")
     for mode in modes:
         for b in (1, 64):

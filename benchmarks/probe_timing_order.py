@@ -29,7 +29,8 @@ def export_once(tree, run):
         raise SystemExit(f"export of {run} with {tree} failed:\n{done.stderr[-2000:]}")
     with open(os.path.join(run, "export", "export.json")) as f:
         export = json.load(f)
-    cells = {kind: {f"b{c['batch']}t{c['threads']}": c["ms"] for c in got} for kind, got in export["latency_ms"].items()}
+    cells = {kind: {f"b{c['batch']}t{c['threads']}": c["ms"] for c in got}
+             for kind, got in export["latency_ms"].items()}
     return cells, export["verdict"]["file"]
 
 
@@ -48,7 +49,8 @@ def main():
                 ms, deploy = export_once(trees[code], run)
                 rows.append({"rep": rep, "run": run, "code": code, "deploy": deploy, "ms": ms})
                 print(json.dumps(rows[-1]), flush=True)
-    print("\n| code | cell | QAT int8 / PTQ int8, each run | median | runs with QAT int8 slower |\n|---|---|---|---:|---:|")
+    print("\n| code | cell | QAT int8 / PTQ int8, each run | median | runs with QAT int8 slower |"
+          "\n|---|---|---|---:|---:|")
     for code in ("old", "new"):
         for cell in ("b1t2", "b64t2"):
             ratios = [r["ms"]["int8"][cell] / r["ms"]["ptq"][cell] for r in rows if r["code"] == code]
