@@ -89,9 +89,9 @@ def crowding_note(threads, busy):
     if free >= threads:
         return ""
     return (f"other processes are keeping {busy:.1f} of this process's {usable_cpus()} CPUs busy: training on {free} "
-            f"thread(s) instead of {threads}, so that no step waits for a shared core (with {threads}, every step "
+            f"thread{'s' if free != 1 else ''} instead of {threads}, so that no step waits for a shared core (with {threads}, every step "
             f"waits for the busiest core: 8x slower beside one busy core, BENCHMARKS.md); set train.threads to choose "
-            f"the count yourself")
+            f"the count yourself (the count moves the accuracies by a few images; runs at one count repeat exactly)")
 
 
 MAX_AUTO_LOADER_WORKERS = 8

@@ -20,6 +20,8 @@ def _int_list(value, name, most):
     if not items or min(items) < 1 or max(items) > most or len(items) > 32:
         raise click.BadParameter(f"expected comma-separated positive whole numbers up to {most}, got '{value[:80]}'",
                                  param_hint=name)
+    if len(set(items)) < len(items):
+        raise click.BadParameter(f"give each value once, got '{value[:80]}'", param_hint=name)
     return items
 
 
@@ -98,8 +100,8 @@ def _warn_if_training_images(model, root):
 def predict(model, images, top_k, as_json):
     """Classify images with an exported model (onnxruntime + numpy + Pillow only).
 
-    MODEL is an .onnx file, or a run directory: then the file its export stage recommends (int8, or fp32 when
-    int8 is not faster). IMAGES are files, folders (every image below them) or glob patterns. Preprocessing and
+    MODEL is an .onnx file, or a run directory: then the file its export verdict names (the QAT int8, the PTQ
+    int8 or the fp32 file). IMAGES are files, folders (every image below them) or glob patterns. Preprocessing and
     class names are read from the model file. A file that cannot be read is skipped with one line, and the
     command exits 2 at the end.
 

@@ -64,7 +64,7 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
       compress run --stages teacher,distill -c configs/default.yaml
       compress run --stages qat --set qat.epochs=3      # rerun one stage from the previous output
       compress run --nproc-per-node 2 --max-restarts 1  # 2 processes; survive a lost worker
-      compress run -c cifar10 --set data.root=~/photos --dry-run   # the plan, nothing written
+      compress run -c photos --set data.root=~/photos --dry-run    # the plan, nothing written
       torchrun --nproc_per_node 2 -m compress run       # the same, launched by hand (or multi-node)
     """
     from compress.run import recipes
@@ -220,6 +220,7 @@ def _yaml_value(value):
 
 
 @cli.command("models")
+@debug_option
 def models_cmd():
     """List the model and dataset registries (names to use in model.* and data.name).
 
@@ -246,7 +247,8 @@ def _reads(item, stages):
     if isinstance(item, Input):
         return stages[item.stage].OUTPUTS[item.output] + ("" if item.required else " (optional)")
     if isinstance(item, Images):
-        return f"the images in data.{item.key}"
+        return ("the dataset (its files in data.root for an image folder)" if item.key == "root"
+                else f"the images in data.{item.key}")
     if isinstance(item, Code):
         return f"the code of {item.key} (when it is yours)"
     return f"{item.key} ({item.path})"

@@ -200,8 +200,13 @@ def class_tree(root, others=None):
     `others` (a Counter) counts the files by suffix that are no image it reads (.heic, .gif, .txt)."""
     names = class_folders(root)
     if len(names) < 2:
+        hint = ""
+        if os.path.isdir(os.path.join(root, "cifar-10-batches-py")) or os.path.basename(
+                os.path.normpath(root)) == "cifar-10-batches-py":
+            hint = ("; it holds torchvision's CIFAR-10 download, which data.name=cifar10 reads (as -c cifar10-tutorial "
+                    "does)")
         raise InputError(f"data.root: '{root}' must hold one folder per class (<class>/<image>); found {len(names)} "
-                         "class folder(s)")
+                         f"class folder{'s' if len(names) != 1 else ''}{hint}")
     root_real = os.path.realpath(root)
     for name in names:
         real = os.path.realpath(os.path.join(root, name))

@@ -87,7 +87,8 @@ def _noise(m):
     """Whether the two students differ beyond chance on these validation images (not across seeds)."""
     if "gain_p" not in m:  # a run recorded before this was measured
         return ""
-    told = (f" Of {m['val_images']:,} validation images, {m['distilled_only_right']:,} are right only with the "
+    only = m["distilled_only_right"]
+    told = (f" Of {m['val_images']:,} validation images, {only:,} {'is' if only == 1 else 'are'} right only with the "
             f"distilled student and {m['alone_only_right']:,} only with the student alone (McNemar p "
             f"{p_text(m['gain_p'])})")
     if m["gain_p"] < 0.05:

@@ -209,7 +209,8 @@ def beyond_noise(m):
     if "qat_vs_ptq_p" not in m:  # an export from before this was measured
         return ""
     qat, ptq, p = m["qat_only_right"], m["ptq_only_right"], m["qat_vs_ptq_p"]
-    told = (f"; of {m['val_images']:,} validation images, {qat} are right only with QAT and {ptq} only with PTQ "
+    told = (f"; of {m['val_images']:,} validation images, {qat} {'is' if qat == 1 else 'are'} right only with QAT "
+            f"and {ptq} only with PTQ "
             f"(McNemar p {p_text(p)})")
     weighed = m.get("int8_weighed")
     if p >= 0.05:

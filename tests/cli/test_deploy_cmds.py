@@ -99,6 +99,7 @@ def test_deployment_errors_are_one_clear_line(finished_run, tmp_path):
         (("predict", model, tmp_path / "absent.png"), "not found"),
         (("bench", tmp_path / "junk.onnx"), "is not an ONNX model"),
         (("bench", model, "--batch", "0"), "positive whole numbers"),
+        (("bench", model, "--threads", "2,2"), "give each value once, got '2,2'"),
         (("bench", tmp_path), "is a folder without export/export.json"),
         # no images at all is an error, not a silent exit 0
         (("predict", model, tmp_path / "empty"), f"no images in '{tmp_path / 'empty'}': give image files"),

@@ -35,6 +35,8 @@ def test_stages_are_listed_with_inputs_and_outputs():
     for name in stages.ORDER:
         assert name in result.output
     assert "teacher/model.safetensors" in result.output and "export/model.int8.onnx" in result.output
+    # the default dataset is built in: no data.root to read
+    assert "reads:  the dataset (its files in data.root for an image folder)" in result.output
 
 
 def test_config_command_prints_resolved_yaml_and_reference():

@@ -104,6 +104,10 @@ def test_a_folder_one_level_too_high_or_a_split_among_classes_is_refused(tmp_pat
     with pytest.raises(InputError, match=r"holds a 'val' folder of class folders beside its class folders; use "
                                          r".*/train/<class>/ with .*/val/<class>/"):
         load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'flat'}"), seed=0)
+    (tmp_path / "download" / "cifar-10-batches-py").mkdir(parents=True)  # torchvision's CIFAR-10, not class folders
+    with pytest.raises(InputError, match=r"found 1 class folder; it holds torchvision's CIFAR-10 download, which "
+                                         r"data.name=cifar10 reads"):
+        load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'download'}"), seed=0)
     sized_image_tree(tmp_path / "binary", [""], classes=("invalid", "valid"))  # classes that happen to look like splits
     data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'binary'}"), seed=0)
     assert data.class_names == ("invalid", "valid")

@@ -36,3 +36,5 @@ def test_the_report_says_how_to_ship_the_student_alone_when_it_is_better_beyond_
     for quiet in ({"gain_p": 0.2}, {"gain_points": 0.5, "gain_p": 0.01}):  # within noise, or distilling won
         assert "qat.source=baseline" not in report_notes({"metrics": {**m, **quiet}})[0]
     assert alone_better({k: v for k, v in m.items() if k != "gain_p"}) == ""  # a run from before McNemar
+    one = report_notes({"metrics": {**m, "distilled_only_right": 1}})[0]
+    assert "Of 1,966 validation images, 1 is right only with the distilled student" in one

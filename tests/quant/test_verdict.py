@@ -104,6 +104,8 @@ def test_the_reports_words_on_qat_against_ptq_follow_what_the_verdict_weighed():
     noise = {**m, "qat_only_right": 2, "ptq_only_right": 3, "qat_vs_ptq_p": 1.0}
     assert beyond_noise({**noise, "int8_weighed": "model.ptq.onnx"}).endswith(
         "equally accurate on this evidence; the verdict weighed model.ptq.onnx, the faster of the two")
+    one = beyond_noise({**noise, "qat_only_right": 1, "ptq_only_right": 1})
+    assert "1 is right only with QAT and 1 only with PTQ" in one
 
 
 def test_the_report_says_when_the_deployed_file_runs_faster_on_fewer_threads():
