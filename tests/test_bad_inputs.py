@@ -82,6 +82,21 @@ def png_claiming_size(path, width, height):
     path.write_bytes(bytes(data))
 
 
+def save_with_external_data(run, tmp):
+    """The int8 file with its weights moved to a separate file beside it (ONNX external data)."""
+    proto = onnx.load(run / "export" / "model.int8.onnx")
+    onnx.save_model(proto, tmp / "external.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    write_png(tmp / "img.png")
+
+
+def write_line_png(path, width=20_000_000):
+    """A real PNG one pixel high (20 KB): resized to any shorter side it would hold billions of pixels."""
+    from PIL import Image
+
+    Image.new("L", (width, 1), 128).save(path)
+
+
 def save_other_architecture(tmp):
     import torch
 
@@ -298,6 +313,13 @@ CASES = {
     "onnx: mean of the wrong length": (
         lambda r, t: edit_onnx_metadata(r, t, "mean", "[0.1, 0.2, 0.3]"),
         lambda r, t: ["predict", t / "edited.onnx", t / "img.png"], "compress.mean must hold 1 finite number"),
+    "onnx: weights in an external data file": (
+        lambda r, t: save_with_external_data(r, t),
+        lambda r, t: ["predict", t / "external.onnx", t / "img.png"],
+        "keeps weights in a separate file (ONNX external data); compress reads only self-contained files"),
+    "image: one pixel high, too long to resize": (
+        lambda r, t: write_line_png(t / "line.png"),
+        lambda r, t: ["predict", r, t / "line.png"], "is 20,000,000x1 pixels: with its shorter side resized to"),
     "onnx: std of zero": (
         lambda r, t: edit_onnx_metadata(r, t, "std", "[0.0]"),
         lambda r, t: ["predict", t / "edited.onnx", t / "img.png"], "compress.std must be positive"),

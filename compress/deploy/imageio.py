@@ -136,9 +136,24 @@ def resize_and_crop(im, rule):
     return im
 
 
+def check_resized(path, size, side, max_pixels=None):
+    """An InputError for an image so elongated that resizing its shorter side to `side` pixels would make it
+    larger than an image may be decoded (a 80,000,000 x 1 PNG of 77 KB would become 2.6 billion pixels)."""
+    from PIL import Image
+
+    limit = max_pixels or Image.MAX_IMAGE_PIXELS
+    w, h = size
+    scale = side / max(1, min(w, h))
+    if w * h * scale * scale > limit:
+        raise InputError(f"image '{path}' is {w:,}x{h:,} pixels: with its shorter side resized to {side} it would "
+                         f"be {round(w * scale):,}x{round(h * scale):,}, over {limit:,} pixels; crop it to a less "
+                         "elongated shape or remove it")
+
+
 def load_pixels(path, channels, rule, max_pixels=None):
     """uint8 HxWxC (8-bit sources) or float32 HxWxC in 0..1 (16-bit/float sources) after resize and crop."""
     im = open_image(path, max_pixels)
+    check_resized(path, im.size, rule["shorter_side"], max_pixels)
     converted, scale = to_channels(im, channels, path)
     if isinstance(converted, list):
         planes = [np.asarray(resize_and_crop(p, rule), dtype=np.float32) for p in converted]

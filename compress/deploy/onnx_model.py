@@ -34,7 +34,27 @@ def read_onnx(path):
                          "written by `compress run --stages export`") from None
     if not model.graph.node:
         raise InputError(f"'{path}' is not an ONNX model (no graph); pass a .onnx file written by compress")
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in _tensors(model.graph)):
+        # onnxruntime would read such weights from a file named inside the model, relative to the current folder
+        raise InputError(f"'{path}' keeps weights in a separate file (ONNX external data); compress reads only "
+                         "self-contained files, as its export writes them")
     return model
+
+
+def _tensors(graph):
+    """Every TensorProto of `graph`: its initializers and the tensors in node attributes, subgraphs included."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _tensors(sub)
 
 
 def metadata_of(model_proto):
