@@ -39,8 +39,8 @@ def _model(path):
 
 def _warn_if_unverified(run_dir, *files):
     """Say when a run's deployed file is not what a finished export verified: export ran again upstream (stale),
-    failed its checks, or the file was changed after export wrote it. Only warnings: a folder without a readable
-    manifest still serves its files, as it did before."""
+    failed its checks, the file was changed after export wrote it, or the manifest that would tell cannot be read.
+    Only warnings: a folder without a readable manifest still serves its files."""
     from compress.errors import CompressError
     from compress.run.rundir import RunDir
     from compress.run.state import files_changed, stage_states
@@ -52,7 +52,9 @@ def _warn_if_unverified(run_dir, *files):
         recorded = (run.manifest()["stages"].get("export") or {}).get("outputs", {})
         changed = files_changed(run, recorded, [os.path.relpath(f, run_dir).replace(os.sep, "/") for f in files
                                                 if os.path.isfile(f)])  # a missing one: its own error follows
-    except CompressError:
+    except CompressError as e:
+        echo(f"warning: {e} - so {', '.join(os.path.basename(f) for f in files)} cannot be checked against what "
+             "export verified", err=True)
         return
     fix = f"`compress run --run-dir {run_dir}` brings the run up to date (it skips what already is)"
     if state == "invalidated":
