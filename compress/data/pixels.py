@@ -212,7 +212,8 @@ class PixelCache:
 
     def _chunk_ok(self, c, digest):
         """The chunk is whole and ours: its file's sha256 is the one pixels.json recorded when it was written, its
-        header names this cache and chunk, and its tensors hash to what the header says."""
+        header names this cache and chunk, its tensors hash to what the header says, and its shapes are ones the
+        spec gives (`_shapes_ok`)."""
         from safetensors import SafetensorError
         from safetensors.torch import load
 
@@ -230,9 +231,26 @@ class PixelCache:
             return False
         if meta.get("cache") != self.spec.key or meta.get("chunk") != str(c) or set(sums) != {"pixels", "shapes"}:
             return False
-        shapes = tensors["shapes"]
-        return (len(shapes) == len(self.spec.chunk_range(c)) and int(shapes.long().prod(1).sum()) ==
-                tensors["pixels"].numel() and all(tensor_sha256(t) == sums[k] for k, t in tensors.items()))
+        return (all(tensor_sha256(t) == sums[k] for k, t in tensors.items())
+                and self._shapes_ok(c, tensors["shapes"], tensors["pixels"]))
+
+    def _shapes_ok(self, c, shapes, flat):
+        """Chunk c's tensors are what `decode_chunk` makes under the spec: one flat uint8 tensor, and an int32
+        (C, H, W) for each of the chunk's images with C the cache's channels and H, W positive - the rule's
+        height and width, or (an image kept whole) a shorter side of at most the rule's - whose sizes add up
+        to every byte of the pixels (an image's bytes are where the shapes before it end)."""
+        rule = self.spec.rule
+        if flat.dtype != torch.uint8 or flat.dim() != 1 or shapes.dtype != torch.int32 or \
+                tuple(shapes.shape) != (len(self.spec.chunk_range(c)), 3):
+            return False
+        shapes = shapes.long()
+        if not (bool((shapes[:, 0] == self.spec.channels).all()) and bool((shapes[:, 1:] >= 1).all())):
+            return False
+        if rule.get("height") is not None:
+            sized = bool((shapes[:, 1] == rule["height"]).all()) and bool((shapes[:, 2] == rule["width"]).all())
+        else:
+            sized = bool((shapes[:, 1:].min(1).values <= rule["shorter_side"]).all())
+        return sized and int(shapes.prod(1).sum()) == flat.numel()  # one side bounded: no product overflows
 
     def check_disk(self, missing, files, rule):
         need = estimate_bytes(files, self.spec.channels, rule) * len(missing) // max(1, self.spec.chunks)

@@ -52,6 +52,9 @@ ROWS_PER_CHUNK = 65536
 MAX_VIEWS = 100_000  # distill.views' largest
 DENSE_UP_TO = 100
 DEFAULT_TOP_K = 10
+BYTES, LAYOUT = 1, 2  # what is wrong with a damaged chunk, in the words the rebuild's reason gives
+DAMAGE = {BYTES: "their bytes are not what store.json recorded when they were built",
+          LAYOUT: "their tensors are not the names, shapes and dtypes this store holds"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,16 +195,16 @@ class TeacherOutputStore:
                     "wipe": True, "views_kept": self.spec.views, "views_complete": 0, "digests": {}}
         present = head["present"]
         damaged = self._check_chunks(env, present, head["digests"])
-        missing = [c for c in range(self.spec.chunks) if c not in present or c in damaged]
+        broken = {c for c, _ in damaged}
+        missing = [c for c in range(self.spec.chunks) if c not in present or c in broken]
         rebuilt = {self.chunk_name(c) for c in missing}
         plan = {"missing": missing, "wipe": False, "views_kept": keep,
                 "views_complete": min(head["views"], min(missing, default=self.spec.chunks) // self.spec.blocks),
                 "digests": {name: d for name, d in head["digests"].items() if name not in rebuilt}}
         if damaged:
-            name = os.path.basename(self.chunk_path(damaged[0]))
+            name = os.path.basename(self.chunk_path(damaged[0][0]))
             return {**plan, "status": "rebuild", "reason": f"{len(damaged)} damaged chunk(s) ({name}, ...) rebuilt: "
-                                                           "their bytes are not what store.json recorded when they "
-                                                           "were built"}
+                                                           f"{DAMAGE[damaged[0][1]]}"}
         if not missing and head["views"] >= self.spec.views:
             return {**plan, "status": "reuse", "reason": "teacher, images and views unchanged"}
         if head["views"] and len(missing) == (self.spec.views - head["views"]) * self.spec.blocks:
@@ -248,17 +251,19 @@ class TeacherOutputStore:
         return ""
 
     def _check_chunks(self, env, present, digests):
+        """[(chunk id, what is wrong with it: a key of DAMAGE)] of the chunks present that cannot be used."""
         flags = torch.zeros(self.spec.chunks, dtype=torch.long)
         for c in present[env.rank::env.world]:
-            if not self._chunk_ok(c, digests[self.chunk_name(c)]):
-                flags[c] = 1
+            flags[c] = self._chunk_damage(c, digests[self.chunk_name(c)])
         flags = dist.all_reduce(env, flags, op="max")
-        return [c for c in range(self.spec.chunks) if flags[c]]
+        return [(c, int(flags[c])) for c in range(self.spec.chunks) if flags[c]]
 
-    def _chunk_ok(self, c, digest):
-        """The chunk file's sha256 is the one store.json recorded when it was built, the file is whole, of this
-        store, every tensor's bytes hash to what its metadata says, and its values are finite (an older build
-        stored logits beyond fp16's range as inf)."""
+    def _chunk_damage(self, c, digest):
+        """0 when the chunk can be used, else what is wrong with it (a key of DAMAGE). Usable: the file's sha256
+        is the one store.json recorded when it was built, the file is whole, of this store, every tensor's bytes
+        hash to what its metadata says, its values are finite (an older build stored logits beyond fp16's range
+        as inf), and its tensors are exactly the spec's (`_templates`: the names, one row per image of the
+        chunk, each row's width, the dtypes) - what `lookup` reads them into."""
         from safetensors import SafetensorError
         from safetensors.torch import load
 
@@ -266,16 +271,24 @@ class TeacherOutputStore:
             with os.fdopen(open_regular(self.chunk_path(c), "teacher-output chunk"), "rb") as f:
                 data = f.read()
             if hashlib.sha256(data).hexdigest() != digest:
-                return False
+                return BYTES
             tensors = load(data)
             meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
             sums = json.loads(meta.get("sha256", "{}"))
         except (OSError, ValueError, SafetensorError, RuntimeError, InputError):
-            return False
+            return BYTES
         if meta.get("store") != self.spec.key or meta.get("chunk") != str(c) or set(sums) != set(tensors):
-            return False
-        return all(_sha256(t) == sums[name] and (not t.is_floating_point() or bool(torch.isfinite(t).all()))
-                   for name, t in tensors.items())
+            return BYTES
+        if not all(_sha256(t) == sums[name] for name, t in tensors.items()):
+            return BYTES
+        rows, templates = len(self.spec.chunk_rows(c)), self._templates()
+        if set(tensors) != set(templates) or any(
+                t.dtype != templates[name].dtype or tuple(t.shape) != (rows, *templates[name].shape[1:])
+                for name, t in tensors.items()):
+            return LAYOUT
+        if not all(not t.is_floating_point() or bool(torch.isfinite(t).all()) for t in tensors.values()):
+            return BYTES
+        return 0
 
     # ------------------------------------------------------------------ building
 

@@ -236,3 +236,40 @@ def test_a_folder_with_more_than_a_pixel_cache_is_still_not_a_run(tmp_path):
         result = invoke(*invoke_args)
         assert result.exit_code == 2 and "is not empty and is not a compress run" in result.stderr
         other.rmdir()
+
+
+@pytest.mark.parametrize("keep_original, forged", [
+    (False, [[1, 96, 32]]),  # another number of channels
+    (False, [[-3, -32, 32]]),  # sides that cannot be
+    (False, [[3, 1024, 1]]),  # not the rule's 32 x 32
+    (True, [[1, 576, 128]]),
+    (True, [[3, -192, -128]]),
+    (True, [[3, 256, 129], [3, 126, 128]]),  # a shorter side beyond the 128 kept, the bytes made up by the next
+], ids=["eval-channels", "eval-negative", "eval-size", "whole-channels", "whole-negative", "whole-side"])
+def test_a_chunk_whose_recorded_shapes_cannot_be_the_rules_is_decoded_again(tmp_path, keep_original, forged):
+    """Each image's recorded (C, H, W) is checked against the cache's spec - its channels, positive sides the rule
+    gives (the rule's size, or a shorter side of at most the one kept) - so a chunk whose shapes were changed,
+    with the bytes they add up to, its header's hashes and pixels.json's digest all made to match, is decoded
+    again, never read as pixels of other shapes."""
+    from safetensors.torch import load
+
+    from compress.training.checkpoint import serialize, tensor_sha256
+
+    files = photos(tmp_path / "img", [(300, 200)] * 3)
+    place = pixels.Place(str(tmp_path / "cache"), DistEnv())
+    good = [cached_set(files, place, keep_original).source(i).clone() for i in range(3)]
+    chunk = chunk_of(tmp_path / "cache")
+    data = open(chunk, "rb").read()
+    tensors = load(data)
+    meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    tensors["shapes"][:len(forged)] = torch.tensor(forged, dtype=torch.int32)
+    assert int(tensors["shapes"].long().prod(1).sum()) == tensors["pixels"].numel()
+    meta["sha256"] = json.dumps({k: tensor_sha256(v) for k, v in tensors.items()}, sort_keys=True)
+    open(chunk, "wb").write(serialize(tensors, meta))
+    index = os.path.join(os.path.dirname(chunk), "pixels.json")
+    recorded = json.loads(open(index).read())
+    recorded["chunks"]["chunk-000000.safetensors"] = hashlib.sha256(open(chunk, "rb").read()).hexdigest()
+    open(index, "w").write(json.dumps(recorded))
+    again = cached_set(files, place, keep_original)
+    assert "1 damaged chunk(s) (chunk-000000.safetensors, ...) decoded again" in again.how
+    assert all(torch.equal(again.source(i), good[i]) for i in range(3))

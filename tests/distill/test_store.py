@@ -1,6 +1,7 @@
 """The teacher-output store: top-k packing, self-checking chunks, resumed and extended builds, the key, and
 stored outputs that are the live teacher's on the very pixels the student sees."""
 
+import hashlib
 import json
 import math
 import os
@@ -346,3 +347,46 @@ def test_stored_views_are_the_teacher_outputs_of_the_very_pixels_the_student_see
         live = teacher(batch.x)
         for key in ("logits", "cosine"):
             assert torch.allclose(stored[key], live[key].float(), atol=2e-2, rtol=1e-2), key
+
+
+def forge_layout(folder, name, change):
+    """Rewrite chunk `name` with `change` applied to its tensors, its header's hashes and the digest store.json
+    records for it both made to match: only the tensors' names, shapes or dtypes give it away."""
+    from safetensors.torch import load
+
+    from compress.training.checkpoint import serialize, tensor_sha256
+
+    data = (folder / name).read_bytes()
+    tensors = load(data)
+    meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    tensors = {k: v.contiguous() for k, v in change(tensors).items()}
+    meta["sha256"] = json.dumps({k: tensor_sha256(v) for k, v in tensors.items()}, sort_keys=True)
+    (folder / name).write_bytes(serialize(tensors, meta))
+    index = json.loads((folder / "store.json").read_text())
+    index["chunks"][name] = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    (folder / "store.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("top_k, change", [
+    (10, lambda t: {**t, "values": t["values"][:, :7]}),  # fewer classes than the store's
+    (10, lambda t: {k: v[:60] for k, v in t.items()}),  # fewer rows than the chunk's images
+    (10, lambda t: {**t, "values": t["values"].float()}),  # another dtype
+    (10, lambda t: {**t, "values": t["values"].to(torch.int16)}),
+    (10, lambda t: {**t, "extra": torch.zeros(100)}),  # a tensor the store does not hold
+    (3, lambda t: {**t, "indices": t["indices"].long()}),
+    (3, lambda t: {k: v for k, v in t.items() if k != "rest"}),
+], ids=["classes", "rows", "float32", "int16", "extra", "indices-int64", "no-rest"])
+def test_a_chunk_whose_tensors_are_not_the_specs_is_rebuilt_even_with_every_digest_matching(tmp_path, digits, top_k,
+                                                                                           change):
+    """A chunk is checked against what the store's spec says it holds - each tensor's name, rows, width and dtype
+    - not only against its digests, so one of other shapes or dtypes whose digests were all made to match is
+    rebuilt, never handed to the distill stage to fail on."""
+    folder = tmp_path / "store"
+    build(folder, digits, top_k=top_k)
+    good = read_chunks(folder)
+    forge_layout(folder, "chunk-000004.safetensors", change)
+    _, plan, _ = build(folder, digits, top_k=top_k)
+    assert plan["status"] == "rebuild" and plan["missing"] == [4]
+    assert plan["reason"] == ("1 damaged chunk(s) (chunk-000004.safetensors, ...) rebuilt: their tensors are not "
+                              "the names, shapes and dtypes this store holds")
+    assert read_chunks(folder) == good
