@@ -89,9 +89,10 @@ def crowding_note(threads, busy):
     if free >= threads:
         return ""
     return (f"other processes are keeping {busy:.1f} of this process's {usable_cpus()} CPUs busy: training on {free} "
-            f"thread{'s' if free != 1 else ''} instead of {threads}, so that no step waits for a shared core (with {threads}, every step "
-            f"waits for the busiest core: 8x slower beside one busy core, BENCHMARKS.md); set train.threads to choose "
-            f"the count yourself (the count moves the accuracies by a few images; runs at one count repeat exactly)")
+            f"thread{'s' if free != 1 else ''} instead of {threads}, so that no step waits for a shared core (with "
+            f"{threads}, every step waits for the busiest core: 8x slower beside one busy core, BENCHMARKS.md); set "
+            "train.threads to choose the count yourself (the count moves the accuracies by a few images; runs at one "
+            "count repeat exactly)")
 
 
 MAX_AUTO_LOADER_WORKERS = 8

@@ -152,8 +152,8 @@ def image_tree(root, splits=("train", "val"), classes=("cat", "dog"), count=4, s
 
 
 def sized_image_tree(root, splits, classes=("cat", "dog"), count=6, size=(20, 24)):
-    rng = np.random.default_rng(0)
     for split in splits:
+        rng = np.random.default_rng([0, *split.encode()])  # each split its own images, whichever call makes it
         for cls in classes:
             folder = root / split / cls if split else root / cls
             folder.mkdir(parents=True)

@@ -70,6 +70,7 @@ def _scan(cfg):
         names, train = class_tree(train_dir, others)
         val_names, val = class_tree(os.path.join(root, held_out), others)
         _same_classes(root, names, val_names, held_out)
+        notes += _split_overlap(root, train_dir, held_out, train, val)
         if cfg.limit:  # a seeded sample of the training folder
             keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.split_seed))[:cfg.limit]
             train = [train[i] for i in sorted(keep.tolist())]
@@ -208,8 +209,14 @@ def class_tree(root, others=None):
         raise InputError(f"data.root: '{root}' must hold one folder per class (<class>/<image>); found {len(names)} "
                          f"class folder{'s' if len(names) != 1 else ''}{hint}")
     root_real = os.path.realpath(root)
+    seen = {}  # real folder -> class name: two classes in one folder would give every image two labels
     for name in names:
         real = os.path.realpath(os.path.join(root, name))
+        if real in seen:
+            raise InputError(f"data.root: the class folders '{os.path.join(root, seen[real])}' and "
+                             f"'{os.path.join(root, name)}' are the same folder ('{real}', through a link): each image "
+                             "would be two classes; give each class its own folder of images")
+        seen[real] = name
         if root_real == real or root_real.startswith(real.rstrip(os.sep) + os.sep):  # every class's images in one
             raise InputError(f"data.root: the class folder '{os.path.join(root, name)}' is a link to '{real}', which "
                              f"holds '{root}' itself; replace the link with the class's own folder of images")
@@ -253,6 +260,42 @@ def _same_classes(root, train_names, val_names, held_out):
         which = (f"class '{only_train[0]}' is in train/ but not in {held_out}/" if only_train
                  else f"class '{only_val[0]}' is in {held_out}/ but not in train/")
         raise InputError(f"data.root '{root}': {which}; both splits need the same class folders")
+
+
+COPY_SAMPLE = 50  # validation images compared with their class's training images (by size, then sha256)
+
+
+def _split_overlap(root, train_dir, held_out, train, val):
+    """Refuse a validation folder that holds the training images - the same folder through a link, links to
+    training files, or byte-identical copies in at least half of a sample of COPY_SAMPLE validation images
+    (`cp -r train val`): accuracy on images trained on says nothing about new photos. Fewer copies (datasets have
+    a few duplicates) are a note. Only files of a size found in the same class are read."""
+    held_dir = os.path.join(root, held_out)
+    fix = f"put held-out images in {held_dir}, or remove it to split train/ by data.split_seed"
+    if os.path.realpath(held_dir) == os.path.realpath(train_dir):
+        raise InputError(f"data.root: '{held_dir}' is the training folder '{train_dir}' (through a link): validation "
+                         f"accuracy on the training images says nothing about new photos; {fix}")
+    trained = {os.path.realpath(path): path for path, _ in train}
+    linked = [(path, trained[os.path.realpath(path)]) for path, _ in val if os.path.realpath(path) in trained]
+    if linked:
+        raise InputError(f"data.root: {len(linked):,} of the {len(val):,} images in {held_out}/ are training images "
+                         f"through links (e.g. '{linked[0][0]}' is '{linked[0][1]}'): validation accuracy on them says "
+                         f"nothing about new photos; {fix}")
+    sample = [val[i * len(val) // COPY_SAMPLE] for i in range(COPY_SAMPLE)] if len(val) > COPY_SAMPLE else val
+    by_class = {}
+    for path, label in train:
+        by_class.setdefault(label, []).append(path)
+    copies = []
+    for label in sorted({label for _, label in sample}):
+        copies += _same_bytes([path for path, k in sample if k == label], by_class[label])
+    if not copies:
+        return []
+    told = (f"{len(copies)} of {len(sample)} {'sampled ' if len(sample) < len(val) else ''}images in {held_out}/ are "
+            f"byte-identical copies of training images (e.g. '{copies[0][0]}' of '{copies[0][1]}')")
+    if 2 * len(copies) >= len(sample):
+        raise InputError(f"data.root: {told}: {held_out}/ holds the training images, and validation accuracy on them "
+                         f"says nothing about new photos; {fix}")
+    return [f"{told}: the validation accuracy counts them, which reads higher than on new photos"]
 
 
 def image_files(root, what="data.unlabeled"):

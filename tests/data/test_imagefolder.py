@@ -38,7 +38,8 @@ def test_imagefolder_unreadable_image_names_the_file(tmp_path):
     for split in ("train", "val"):
         for cls in ("a", "b"):
             (tmp_path / "pages" / split / cls).mkdir(parents=True)
-            Image.new("RGB", (8, 8)).save(tmp_path / "pages" / split / cls / "ok.png")
+            colour = (0, 0, 9 if split == "val" else 0)  # validation images that are not training images
+            Image.new("RGB", (8, 8), colour).save(tmp_path / "pages" / split / cls / "ok.png")
     for i in range(10):  # ten scraped web pages saved as .jpg: every one is named
         (tmp_path / "pages" / "train" / "b" / f"page{i}.jpg").write_bytes(b"<html></html>")
     with pytest.raises(InputError) as info:
@@ -367,3 +368,39 @@ def test_photos_with_an_exif_rotation_are_named_before_training_on_them_turned(t
     Image.new("RGB", (16, 12), (200, 10, 10)).save(turned, exif=exif)
     (note,) = [n for n in scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}"))["notes"] if "EXIF" in n]
     assert note.startswith(f"1 of 17 images (e.g. {turned}) carry an EXIF orientation") and "mogrify" in note
+
+
+def test_a_validation_folder_that_holds_the_training_images_is_refused_and_classes_sharing_a_folder_too(tmp_path):
+    """val/ that is train/ through a link, holds links to training files, or is a copy of it (cp -r train val)
+    would score the model on images it trained on; a few copies are a note; two class folders that are one
+    folder through a link would give each image two labels."""
+    from compress.data.imagefolder import scan
+
+    def cfg(root):
+        return data_cfg("data.name=imagefolder", f"data.root={root}")
+
+    sized_image_tree(tmp_path / "linked", ["train"])
+    (tmp_path / "linked" / "val").symlink_to("train")
+    with pytest.raises(InputError, match=r"data.root: '.*linked/val' is the training folder '.*linked/train' "
+                                         r"\(through a link\): validation accuracy on the training images says"):
+        scan(cfg(tmp_path / "linked"))
+    sized_image_tree(tmp_path / "files", ["train"])
+    for cls in ("cat", "dog"):
+        (tmp_path / "files" / "val" / cls).mkdir(parents=True)
+        (tmp_path / "files" / "val" / cls / "0.png").symlink_to(tmp_path / "files" / "train" / cls / "3.png")
+    with pytest.raises(InputError, match=r"2 of the 2 images in val/ are training images through links \(e.g. "):
+        scan(cfg(tmp_path / "files"))
+    sized_image_tree(tmp_path / "copied", ["train"])
+    shutil.copytree(tmp_path / "copied" / "train", tmp_path / "copied" / "val")
+    with pytest.raises(InputError, match=r"12 of 12 images in val/ are byte-identical copies of training images "
+                                         r"\(e.g. .*\): val/ holds the training images"):
+        scan(cfg(tmp_path / "copied"))
+    sized_image_tree(tmp_path / "few", ["train", "val"])
+    shutil.copy(tmp_path / "few" / "train" / "dog" / "2.png", tmp_path / "few" / "val" / "dog" / "9.png")
+    notes = scan(cfg(tmp_path / "few"))["notes"]
+    assert any(n.startswith("1 of 13 images in val/ are byte-identical copies of training images") for n in notes)
+    sized_image_tree(tmp_path / "classes", ["train", "val"])
+    shutil.rmtree(tmp_path / "classes" / "train" / "dog")
+    (tmp_path / "classes" / "train" / "dog").symlink_to("cat")
+    with pytest.raises(InputError, match=r"the class folders '.*train/cat' and '.*train/dog' are the same folder"):
+        scan(cfg(tmp_path / "classes"))
