@@ -66,6 +66,15 @@ def edit_onnx_metadata(run, tmp, key, value):
     write_png(tmp / "img.png")
 
 
+def edit_resize(run, tmp, **changes):
+    """The int8 file with its compress.resize rule changed as given (its crop kept)."""
+    proto = onnx.load(run / "export" / "model.int8.onnx")
+    prop = next(p for p in proto.metadata_props if p.key == "compress.resize")
+    prop.value = json.dumps({**json.loads(prop.value), **changes})
+    onnx.save(proto, tmp / "edited.onnx")
+    write_png(tmp / "img.png")
+
+
 def write_png(path, size=8):
     from PIL import Image
 
@@ -148,7 +157,7 @@ CASES = {
     "config: out of range": (
         lambda r, t: write(t / "c.yaml", "distill:\n  kd:\n    temperature: 0\n"),
         lambda r, t: ["run", "-c", t / "c.yaml", "--run-dir", r],
-        "distill.kd.temperature: must be in (0, 1000], got 0.0"),
+        "distill.kd.temperature: must be between 0.05 and 1000, or null, got 0.0"),
     "config: YAML syntax": (
         lambda r, t: write(t / "c.yaml", "teacher: [epochs\n"),
         lambda r, t: ["run", "-c", t / "c.yaml", "--run-dir", r], "YAML syntax error at line"),
@@ -320,6 +329,15 @@ CASES = {
     "image: one pixel high, too long to resize": (
         lambda r, t: write_line_png(t / "line.png"),
         lambda r, t: ["predict", r, t / "line.png"], "is 20,000,000x1 pixels: with its shorter side resized to"),
+    "onnx: a resize far beyond its crop": (
+        lambda r, t: edit_resize(r, t, shorter_side=16384),
+        lambda r, t: ["predict", t / "edited.onnx", t / "img.png"],
+        "compress.resize's shorter_side 16384 is more than 4 times its"),
+    "onnx: a resize rule compress does not apply": (
+        lambda r, t: edit_resize(r, t, interpolation="nearest"),
+        lambda r, t: ["predict", t / "edited.onnx", t / "img.png"],
+        "compress.resize's interpolation is 'nearest', but compress resizes and crops one way (interpolation "
+        "'bilinear')"),
     "onnx: std of zero": (
         lambda r, t: edit_onnx_metadata(r, t, "std", "[0.0]"),
         lambda r, t: ["predict", t / "edited.onnx", t / "img.png"], "compress.std must be positive"),

@@ -236,13 +236,15 @@ def read(run, part=None):
 
 
 def deployment_file(run, name, key):
-    """The path of `name`, a file the run's export.json names under `key`, strictly inside the run's export/
-    folder: a bare file name, not a link; anything else is refused."""
+    """The path of `name`, an ONNX file the run's export.json names under `key`, strictly inside the run's
+    export/ folder: a bare file name ending in .onnx, not a link; anything else is refused."""
     folder = os.path.join(run, "export")
     path = os.path.join(folder, name)
     if (os.path.isabs(name) or os.path.basename(name) != name or name in (".", "..") or "/" in name or "\\" in name
             or os.path.dirname(os.path.normpath(path)) != os.path.normpath(folder)):
         raise InputError(f"{report_path(run)}: {key} {name!r} is not a file name inside {folder}/; {_redo(run)}")
+    if not name.endswith(".onnx"):
+        raise InputError(f"{report_path(run)}: {key} {name!r} is not an ONNX file (.onnx); {_redo(run)}")
     if os.path.islink(path):
         raise InputError(f"{report_path(run)}: {key} {name!r} is a link to {os.readlink(path)!r}, not a file of the "
                          f"run; {_redo(run)}")

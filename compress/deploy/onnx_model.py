@@ -16,6 +16,7 @@ from compress.errors import InputError
 from compress.fileio import read_bytes
 
 META_PREFIX = "compress."
+MAX_ZOOM = 4  # the largest shorter side over crop a resize rule can hold (data.eval_crop >= 0.25)
 REQUIRED_META = ("class_names", "input_shape", "channel_order", "mean", "std")
 INT8_KERNELS = ("QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger", "QLinearAdd",
                 "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
@@ -138,6 +139,14 @@ class OnnxModel:
             if rule["shorter_side"] < max(height, width):
                 raise InputError(f"{where} compress.resize's shorter_side {rule['shorter_side']} is smaller than its "
                                  f"{height}x{width} crop; re-export the model")
+            if rule["shorter_side"] > MAX_ZOOM * max(height, width):  # data.eval_crop is at least 1 / MAX_ZOOM
+                raise InputError(f"{where} compress.resize's shorter_side {rule['shorter_side']} is more than "
+                                 f"{MAX_ZOOM} times its {height}x{width} crop (an export's is at most that); "
+                                 "re-export the model")
+            for key, applied in (("interpolation", "bilinear"), ("crop", "center")):
+                if rule.get(key, applied) != applied:
+                    raise InputError(f"{where} compress.resize's {key} is {printable(rule[key], 40)!r}, but compress "
+                                     f"resizes and crops one way ({key} {applied!r}); re-export the model")
 
     def _graph_input_shape(self):
         dims = self.session.get_inputs()[0].shape[1:]

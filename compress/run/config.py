@@ -32,6 +32,7 @@ from compress.run.schema import problems_if
 
 DATASET_NAMES = tuple(DATASETS)
 MAX_SEED = 2**32 - 1
+MIN_TEMPERATURE = 0.05  # a softmax temperature below it turns the softened outputs one-hot and overflows the loss
 MAX_IMAGE_SIZE = 2048
 MAX_BATCH = 65536
 MIN_STD = 1e-3
@@ -104,7 +105,8 @@ class DataConfig:
             (self.root is not None and self.name in ("mnist5k", "digits"),
              f"root: '{self.root}' is not read: data.name is {self.name}, which ships inside compress; to train on "
              "the images in that folder set data.name: imagefolder (--set data.name=imagefolder)"),
-            (not 0.0 < self.val_fraction < 1.0, f"val_fraction: must be between 0 and 1, got {self.val_fraction}"),
+            (not 0.0 < self.val_fraction < 1.0,
+             f"val_fraction: must be between 0 and 1, both excluded, got {self.val_fraction}"),
             (outside(self.image_size, 8, MAX_IMAGE_SIZE),
              f"image_size: must be between 8 and {MAX_IMAGE_SIZE}, got {self.image_size}"),
             (self.channels not in (None, 1, 3), f"channels: must be 1 or 3, got {self.channels}"),
@@ -299,8 +301,9 @@ class KDConfig:
 
     def __post_init__(self):
         problems_if([between("weight", self.weight, 0, 1e6),
-                     (self.temperature is not None and not 0 < self.temperature <= 1000,
-                      f"temperature: must be in (0, 1000], got {self.temperature}")])
+                     (self.temperature is not None and not MIN_TEMPERATURE <= self.temperature <= 1000,
+                      f"temperature: must be between {MIN_TEMPERATURE} and 1000, or null, got {self.temperature} (a "
+                      "smaller one makes the softened outputs one-hot and the loss overflow)")])
 
     @property
     def loss(self):
@@ -434,7 +437,8 @@ class QATConfig(OptimConfig):
         problems_if(self._optim_checks() + [
             (self.ce_weight < 0 or self.kd_weight < 0 or self.ce_weight + self.kd_weight <= 0,
              f"ce_weight, kd_weight: must be >= 0 and not both 0, got {self.ce_weight} and {self.kd_weight}"),
-            (not 0 < self.kd_temperature <= 1000, f"kd_temperature: must be in (0, 1000], got {self.kd_temperature}"),
+            (not MIN_TEMPERATURE <= self.kd_temperature <= 1000,
+             f"kd_temperature: must be between {MIN_TEMPERATURE} and 1000, got {self.kd_temperature}"),
             (outside(self.freeze_observers_after, 1, 100_000),
              f"freeze_observers_after: must be between 1 and 100,000 (observers need one epoch to learn ranges), got "
              f"{self.freeze_observers_after}"),
@@ -636,9 +640,13 @@ def _expanded_size(root, source):
     return sizes[id(root)]
 
 
+SEXAGESIMAL_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
 def _refuse_duplicate_keys(root, path):
     """YAML lets a mapping hold a key twice and keeps the last one; a config that sets `epochs:` twice almost
-    always means one of them is a mistake. Checked on the node tree, each distinct node once (an alias is the
+    always means one of them is a mistake. A plain number with a colon (YAML 1.1's base 60: `seed: 12:30` is 750)
+    is refused too. Checked on the node tree, each distinct node once (an alias is the
     node it names: checked where it is defined)."""
     stack, seen_nodes = [(root, "")], set()
     while stack:
@@ -658,6 +666,10 @@ def _refuse_duplicate_keys(root, path):
                 stack.append((value, where))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((item, prefix) for item in node.value)
+        elif node.tag in SEXAGESIMAL_TAGS and ":" in str(node.value):  # YAML 1.1 reads 12:30 as 750
+            raise ConfigError([f"{prefix + ': ' if prefix else ''}'{node.value}' reads as a base-60 number in YAML ("
+                               f"{yaml.safe_load(node.value)}); write the number itself, or quote it if text is "
+                               "meant"], source=path)
 
 
 def dump_config(cfg):

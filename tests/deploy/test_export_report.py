@@ -164,6 +164,9 @@ CASES = {
     "verdict file: an absolute path": (
         lambda r, t: edit_export_json(r, set_verdict(file="/etc/passwd")), "predict",
         "export.json: verdict.file '/etc/passwd' is not a file name inside"),
+    "verdict file: a file of export/ that is no model": (
+        lambda r, t: edit_export_json(r, set_verdict(file="export.json")), "predict",
+        "export.json: verdict.file 'export.json' is not an ONNX file (.onnx); rerun"),
     "verdict file: a link out of export/": (
         link_to_outside, "predict",
         "export.json: verdict.file 'model.link.onnx' is a link to"),

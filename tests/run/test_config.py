@@ -49,7 +49,8 @@ def test_a_refused_value_is_traced_to_the_file_or_to_the_set_that_gave_it(tmp_pa
     with pytest.raises(ConfigError) as info:
         load_config(str(config), ["distill.kd.temperature=-1", "distill.kd.temprature=1"])
     assert str(info.value) == ("2 config errors in --set:\n  - unknown key 'distill.kd.temprature' (did you mean "
-                               "'distill.kd.temperature'?)\n  - distill.kd.temperature: must be in (0, 1000], got -1.0")
+                               "'distill.kd.temperature'?)\n  - distill.kd.temperature: must be between 0.05 and 1000, or null, "
+                               "got -1.0 (a smaller one makes the softened outputs one-hot and the loss overflow)")
     assert str(config) not in str(info.value)  # the file is fine: nothing to look for there
     config.write_text("teacher:\n  epochs: -3\ndistill:\n  epochs: 2\n")
     with pytest.raises(ConfigError) as info:
@@ -119,6 +120,22 @@ def test_overrides_are_parsed_as_yaml_values():
                              "qat.per_channel=false", "teacher.lr=3e-4"])
     assert cfg.teacher.epochs == 7 and cfg.distill.kd.temperature == 4.0
     assert cfg.data.mean == (0.5,) and cfg.qat.per_channel is False and cfg.teacher.lr == 3e-4
+
+
+def test_a_number_yaml_would_read_in_base_60_is_refused(tmp_path):
+    """YAML 1.1 reads a plain 12:30 as 750 (and 1:00.5 as 60.5): refused in --set and in a file, naming the key;
+    quoted, it is text, which a number's key then refuses as text."""
+    with pytest.raises(ConfigError, match=r"config error in --set seed: '12:30' reads as a base-60 number in YAML "
+                                          r"\(750\); write the number itself, or quote it if text is meant"):
+        load_config(None, ["seed=12:30"])
+    config = tmp_path / "c.yaml"
+    config.write_text("teacher:\n  lr: 1:00.5\n")
+    with pytest.raises(ConfigError, match=r"teacher.lr: '1:00.5' reads as a base-60 number in YAML \(60.5\)"):
+        load_config(str(config), [])
+    with pytest.raises(ConfigError, match=r"seed: expected a whole number, got str '12:30'"):
+        load_config(None, ["seed='12:30'"])
+    text = load_config(None, ["data.name=imagefolder", "data.root=/photos/12:30"])  # text stays text
+    assert text.data.root == "/photos/12:30"
 
 
 def test_override_without_equals_sign_is_a_config_error():
