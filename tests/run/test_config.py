@@ -50,7 +50,8 @@ def test_a_refused_value_is_traced_to_the_file_or_to_the_set_that_gave_it(tmp_pa
         load_config(str(config), ["distill.kd.temperature=-1", "distill.kd.temprature=1"])
     assert str(info.value) == ("2 config errors in --set:\n  - unknown key 'distill.kd.temprature' (did you mean "
                                "'distill.kd.temperature'?)\n  - distill.kd.temperature: must be between 0.05 and "
-                               "1000, or null, got -1.0 (a smaller one makes the softened outputs one-hot and the loss overflow)")
+                               "1000, or null, got -1.0 (a smaller one makes the softened outputs one-hot and the "
+                               "loss overflow)")
     assert str(config) not in str(info.value)  # the file is fine: nothing to look for there
     config.write_text("teacher:\n  epochs: -3\ndistill:\n  epochs: 2\n")
     with pytest.raises(ConfigError) as info:
