@@ -275,6 +275,12 @@ def safe_text(text):
     return "".join(c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def one_line(text):
+    """`safe_text` with line breaks escaped too: for a name or a message read from a file that is shown on one line
+    of its own (a file named 'a.png: 7 (100.0%)\\nb.png' would otherwise print a line compress did not write)."""
+    return safe_text(text).replace("\n", "\\n")
+
+
 class SafeFormatter(logging.Formatter):
     """A log formatter whose every line is `safe_text`: one place, so no call site can forget."""
 

@@ -116,6 +116,7 @@ def predict(model, images, top_k, as_json):
 
     from compress.deploy.evaluate import image_paths, predict_files
     from compress.errors import InputError
+    from compress.fileio import one_line
 
     paths = image_paths(images)
     if not paths:
@@ -129,14 +130,14 @@ def predict(model, images, top_k, as_json):
     for path, top, error in predict_files(onnx_model, paths, top_k):
         if error:
             skipped += 1
-            echo(f"skipped: {error}", err=True)
+            echo(f"skipped: {one_line(error)}", err=True)
             if as_json:  # in the JSON too, where a script looks
                 results.append({"image": path, "error": error})
             continue
         if as_json:
             results.append({"image": path, "top": [{"class": c, "probability": round(p, 6)} for c, p in top]})
         else:
-            echo(f"{path}: " + ", ".join(f"{c} ({p:.1%})" for c, p in top))
+            echo(f"{one_line(path)}: " + ", ".join(f"{c} ({p:.1%})" for c, p in top))
     if as_json:
         echo(json.dumps(results, indent=2))
     if skipped:

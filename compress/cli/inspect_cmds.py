@@ -5,6 +5,7 @@ import os
 import click
 
 from compress.cli.base import cli, debug_option, echo
+from compress.fileio import one_line
 
 DEFAULT_RUN = "artifacts/default"
 
@@ -49,7 +50,7 @@ def show(run_dir):
         entry = manifest["stages"].get(name) or {}
         if holder and entry.get("status") == "running":  # not interrupted: it is the stage that run is doing
             state, detail = "running now", f"{holder}, since {entry.get('started', '?')}"
-        line = f"{name:8} {state}" + (f" ({detail})" if detail else "")
+        line = f"{name:8} {state}" + (f" ({one_line(detail)})" if detail else "")
         if entry.get("seconds") is not None and state != "not run":
             line += f"  {entry['seconds']:.1f}s, {entry.get('world_size', 1)} process(es)"
         echo(line)

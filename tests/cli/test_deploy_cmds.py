@@ -142,3 +142,20 @@ def test_bench_on_a_run_directory_times_its_export_latency_threads(run_copy):
     assert result.exit_code == 0, result.output
     files = json.loads(result.stdout)["files"]
     assert {c["threads"] for f in files for c in f["cells"]} == {1}
+
+
+def test_a_file_name_with_a_line_break_cannot_print_a_line_of_its_own(finished_run, tmp_path):
+    """predict prints one line an image: a name holding a line break (and what looks like a prediction) is escaped,
+    in the results and in the skipped lines alike."""
+    paths, _ = write_val_pngs(tmp_path, count=1)
+    folder = tmp_path / "names"
+    folder.mkdir()
+    forged = folder / "a.png: 7 (100.0%)\nb.png"
+    forged.write_bytes(open(paths[0], "rb").read())
+    (folder / "bad\nname.png").write_bytes(b"not an image")
+    result = invoke("predict", finished_run, folder, "--top-k", "1")
+    assert result.exit_code == 2, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{folder}/a.png: 7 (100.0%)\\nb.png: "), result.stdout
+    skipped = [line for line in result.stderr.splitlines() if line.startswith("skipped:")]
+    assert len(skipped) == 1 and "bad\\nname.png" in skipped[0], result.stderr
