@@ -166,13 +166,16 @@ def eval_cmd(model, folder, png, as_json):
     """
     import json
 
-    from compress.deploy.evaluate import check_png_path, confusion_png, evaluate_tree, labelled_tree
+    from compress.deploy.evaluate import check_png_path, confusion_png, evaluate_tree, labelled_tree, unread_note
 
     if png:
         check_png_path(png)
     onnx_model = _model(model)
     names = onnx_model.class_names()
     root, samples = labelled_tree(folder, list(onnx_model.meta["class_names"]))
+    note = unread_note(root, samples, list(onnx_model.meta["class_names"]))
+    if note:
+        echo(f"note: {note}", err=True)
     _warn_if_training_images(model, root)
     result = evaluate_tree(onnx_model, samples)
     for path, error in result["skipped"]:

@@ -118,6 +118,27 @@ def labelled_tree(root, class_names):
     return root, samples
 
 
+def unread_note(root, samples, class_names):
+    """A note on what a labelled tree holds that is not evaluated, or '': files in the class folders that are not
+    images compress reads (.gif, .heic, notes), by suffix, and class folders left without any image by them."""
+    from collections import Counter
+
+    others = Counter()
+    for c in class_folders(root):
+        for _, files in walk_tree(os.path.join(root, c), skip=skipped):
+            others.update(os.path.splitext(f)[1].lower() or f for f in files
+                          if not f.lower().endswith(IMAGE_EXTENSIONS) and not skipped(f))
+    if not others:
+        return ""
+    present = {label for _, label in samples}
+    empty = [c for c in class_folders(root) if class_names.index(c) not in present]
+    kinds = ", ".join(f"{n:,} {suffix}" for suffix, n in others.most_common(5))
+    return (f"skipped {sum(others.values()):,} file(s) in the class folders that are not images compress reads "
+            f"({kinds}); convert them to one of {', '.join(IMAGE_EXTENSIONS)} to evaluate them"
+            + (f" - class folder(s) {_some(empty, 5)} hold no other image, so their accuracy is not measured"
+               if empty else ""))
+
+
 def _some(names, most):
     """Up to `most` names, and how many more: 'a, b, c and 7 more'."""
     shown = ", ".join(names[:most])

@@ -67,3 +67,18 @@ def test_eval_on_the_validation_images_equals_the_export_stages_own_accuracy(fin
     assert measured["top1"] == pytest.approx(export["int8"]["onnx_acc"], abs=1e-9)
     assert sum(map(sum, measured["confusion"])) == len(data.val) and measured["top5"] >= measured["top1"]
     assert (tmp_path / "confusion.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_says_which_files_it_did_not_read_and_which_classes_that_left_empty(finished_run, tmp_path):
+    """A .gif is no image eval reads (as in training): counted in a note, with the class it left without images,
+    rather than that class vanishing from the figures without a word."""
+    paths, _ = write_val_pngs(tmp_path, count=1)
+    for c in ("3", "7"):
+        (tmp_path / "tree" / c).mkdir(parents=True)
+    Image.open(paths[0]).save(tmp_path / "tree" / "3" / "x.gif")
+    Image.open(paths[0]).save(tmp_path / "tree" / "7" / "x.png")
+    result = invoke("eval", finished_run, tmp_path / "tree")
+    assert result.exit_code == 0, result.output
+    assert ("note: skipped 1 file(s) in the class folders that are not images compress reads (1 .gif); convert them "
+            "to one of .jpg") in result.stderr
+    assert "class folder(s) 3 hold no other image, so their accuracy is not measured" in result.stderr
