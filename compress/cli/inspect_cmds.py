@@ -20,6 +20,9 @@ def _existing_run(run_dir):
         run_dir = DEFAULT_RUN
     run = RunDir(run_dir)
     if not run.exists():
+        if os.path.lexists(run.manifest_path):  # a folder, pipe or link where the manifest should be
+            raise click.BadParameter(f"'{run.manifest_path}' is not a regular file (a folder, pipe, device or link); "
+                                     "replace it with the run's manifest, or move it away", param_hint="RUN_DIR")
         raise click.BadParameter(f"'{run_dir}' is not a compress run directory (no manifest.json)",
                                  param_hint="RUN_DIR")
     return run
@@ -59,7 +62,7 @@ def show(run_dir):
         if shown and state in ("complete", "invalidated"):
             echo("         " + ", ".join(f"{k} {_short(v)}" for k, v in list(shown.items())[:6]))
         for rel, sha in (entry.get("outputs") or {}).items():
-            echo(f"         {file_check(run, rel, sha):9} {rel}")
+            echo(f"         {file_check(run, rel, sha):10} {rel}")
     _show_results(run, STAGES, states)
 
 

@@ -183,12 +183,15 @@ def manifest_problem(data):
 
 
 def file_check(run, rel, sha):
-    """'ok', 'missing' or 'modified' for a file the manifest recorded."""
+    """'ok', 'missing', 'not a file' (a folder, pipe, device or link in its place) or 'modified' for a file the
+    manifest recorded."""
     from compress.fileio import sha256_file
 
     path = run.path(rel)
-    if not os.path.isfile(path) or os.path.islink(path):
+    if not os.path.lexists(path):
         return "missing"
+    if not os.path.isfile(path) or os.path.islink(path):
+        return "not a file"
     try:
         return "ok" if sha256_file(path) == sha else "modified"
     except InputError:

@@ -1,6 +1,7 @@
 """`compress show` (compress.cli.inspect_cmds): files modified by hand, and what the export stage decided."""
 
 import json
+import os
 
 import pytest
 
@@ -13,7 +14,15 @@ def test_show_reports_modified_files(run_copy):
     path = run_copy / "teacher" / "metrics.json"
     path.write_text(path.read_text() + " ")
     shown = invoke("show", run_copy).output
-    assert "modified  teacher/metrics.json" in shown and "ok        teacher/model.safetensors" in shown
+    assert "modified   teacher/metrics.json" in shown and "ok         teacher/model.safetensors" in shown
+    path.unlink()
+    os.mkfifo(path)  # a pipe in a file's place is named as what it is (reading it would block)
+    assert "not a file teacher/metrics.json" in invoke("show", run_copy).output
+    (run_copy / "manifest.json").unlink()
+    (run_copy / "manifest.json").mkdir()
+    refused = invoke("show", run_copy)
+    assert refused.exit_code == 2 and f"'{run_copy / 'manifest.json'}' is not a regular file (a folder, pipe, device " \
+        "or link); replace it with the run's manifest" in refused.stderr
 
 
 def test_show_names_the_verdict_the_student_alone_and_the_ptq_file(finished_run):
