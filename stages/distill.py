@@ -39,6 +39,7 @@ OUTPUTS = {"model": "distill/model.safetensors", "metrics": "distill/metrics.jso
 PARTS = ("", "baseline")
 RANK0_ONLY = False
 STORE_FOLDER = "distill/teacher_outputs"
+WRITES_TOO = (f"{STORE_FOLDER}/store.json",)  # files beside OUTPUTS, checked before the stage like them
 
 
 def inputs(cfg):

@@ -205,8 +205,8 @@ def check_run_dir(run, cfg, stage_names, writing=True):
     run writes."""
     run.check_usable(writing)
     for name in stage_names:  # a folder where a stage's file goes would fail it after its work, not now
-        run.check_files([*STAGES[name].OUTPUTS.values(), *(checkpoint_rel(name, part)
-                                                           for part in getattr(STAGES[name], "PARTS", ()))])
+        run.check_files([*STAGES[name].OUTPUTS.values(), *getattr(STAGES[name], "WRITES_TOO", ()),
+                         *(checkpoint_rel(name, part) for part in getattr(STAGES[name], "PARTS", ()))])
     holder = _held_elsewhere(run) if writing else ""
     if holder:  # before the stages are read: one still running looks unfinished ("run the qat stage first")
         raise InputError(_busy_message(holder, run))
