@@ -365,6 +365,10 @@ CASES = {
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--set", f"model.student_weights={t}/absent.safetensors"],
         "model.student_weights: file"),
+    "weights: a device, not a file": (
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--set", "model.teacher_weights=/dev/zero"],
+        "model.teacher_weights: '/dev/zero' is not a regular file (a device, pipe or folder); pass a .safetensors"),
     "model: unknown torchvision name": (
         lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "model.teacher=torchvision:resnet19"],
         "torchvision has no classification model 'resnet19' (did you mean 'torchvision:resnet18'?)"),

@@ -5,15 +5,19 @@ dict). `module.` (DDP) and `_orig_mod.` (torch.compile) prefixes are stripped, a
 (Lightning's `model.`, `net.`, ...) when without it the keys fit the model; a classifier head of another size,
 or none at all (backbone-only weights), gets a new head trained from scratch (the note returned says so); a
 first convolution made for another number of image channels is named as such; any other mismatch is an error
-naming the keys.
+naming the keys. Weights that fit but hold NaN or infinite values, or store as integers what the model keeps as
+floating point, are refused naming the tensor; a path that is not a regular file (a device, a pipe, a folder) is
+refused without being opened.
 """
 
 import os
+import stat
 
 import torch
 from torch import nn
 
 from compress.errors import InputError
+from compress.fileio import open_regular
 
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "weights")
 
@@ -31,22 +35,49 @@ def key_mismatch(target, tensors, wrong_label, is_wrong, describe):
     return "; ".join(parts)
 
 
-def read_state_dict(path, key):
-    """Tensors from a .safetensors or PyTorch state-dict file, wrapper prefixes stripped."""
+def path_problem(path, key):
+    """Why `path` cannot be read as a weights file (missing; a device, pipe or folder), or ''. Only looked at,
+    never opened: opening a FIFO would wait for a writer."""
     path = os.path.expanduser(path)
-    if not os.path.isfile(path):
-        raise InputError(f"{key}: weights file '{path}' not found")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"{key}: weights file '{path}' not found"
+    except OSError as e:
+        return f"{key}: cannot read '{path}' ({e.strerror or e}); check the path and its permissions"
+    if not stat.S_ISREG(mode):
+        return f"{key}: '{path}' is not a regular file (a device, pipe or folder); pass a .safetensors or .pth file"
+    return ""
+
+
+def read_state_dict(path, key):
+    """Tensors from a .safetensors or PyTorch state-dict file, wrapper prefixes stripped. The file is opened only
+    once it is known to be a regular file, and read through that one descriptor (never blocking on a pipe)."""
+    path = os.path.expanduser(path)
+    problem = path_problem(path, key)
+    if problem:
+        raise InputError(problem)
+    try:
+        fd = open_regular(path, "weights file", follow_links=True)
+    except InputError as e:  # replaced or made unreadable since it was looked at
+        raise InputError(f"{key}: {e}") from None
+    with os.fdopen(fd, "rb") as f:
+        return _read_open(f, path, key)
+
+
+def _read_open(f, path, key):
+    """The state dict in the open file `f` (read from `path`), wrapper prefixes stripped."""
     if path.endswith(".safetensors"):
         from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        from safetensors.torch import load as load_bytes
 
         try:
-            state = load_file(path)
+            state = load_bytes(f.read())
         except (SafetensorError, OSError, ValueError) as e:
             raise InputError(f"{key}: '{path}' is not a readable safetensors file ({str(e)[:120]})") from None
     else:
         try:
-            loaded = torch.load(path, map_location="cpu", weights_only=True)
+            loaded = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:  # UnpicklingError for pickled code; RuntimeError/EOFError for damaged files
             first = _load_failure(e)
             raise InputError(f"{key}: '{path}' is not a plain state dict that torch.load(weights_only=True) can read "
@@ -203,9 +234,32 @@ def _stem_hint(model, state, target):
             "registry's small-image one)")
 
 
+def and_more(keys):
+    """'<first key>', or '<first key> (and N more tensors)'."""
+    more = len(keys) - 1
+    return keys[0] + (f" (and {more} more tensor{'s' if more > 1 else ''})" if more else "")
+
+
+def _value_problem(state, target):
+    """What makes weights that fit the model's keys and shapes unusable, or '': a tensor stored as integers where
+    the model's is floating-point (integer buffers, such as BatchNorm's num_batches_tracked, may stay integers),
+    or NaN or infinite values, which no training or evaluation can recover from."""
+    keys = [k for k in target if k in state]
+    integers = [k for k in keys if target[k].is_floating_point() and not state[k].is_floating_point()]
+    if integers:
+        return (f"stores {and_more(integers)} as {state[integers[0]].dtype} where the model has floating-point "
+                "weights; save the state dict with its float tensors")
+    bad = [k for k in keys if state[k].is_floating_point() and not bool(torch.isfinite(state[k]).all())]
+    if bad:
+        return f"holds NaN or infinite values in {and_more(bad)}; it cannot be used as weights - pass another file"
+    return ""
+
+
 def load_pretrained(model, path, key):
     """Load a weights file into `model`; a classifier head of another size, or none in the file, leaves the
-    model's own (fresh) head. Returns a one-line description of what was loaded."""
+    model's own (fresh) head. Returns a one-line description of what was loaded. Every refusal (an unreadable file,
+    keys or shapes that do not fit, integer or non-finite tensors) is an InputError raised before `model` is
+    touched."""
     state = read_state_dict(path, key)
     target = model.state_dict()
     heads = head_keys(model)
@@ -230,6 +284,9 @@ def load_pretrained(model, path, key):
                              "do not fit: is it a checkpoint of another architecture?")
         raise InputError(f"{key}: '{path}' does not fit this model ({problem}); is it a checkpoint of another "
                          "architecture?")
+    problem = _value_problem(state, target)
+    if problem:
+        raise InputError(f"{key}: '{path}' {problem}")
     model.load_state_dict({k: v.to(target[k].dtype) for k, v in state.items()}, strict=True)
     note = f"{key}: loaded {os.path.basename(path)}"
     if prefix:

@@ -37,7 +37,7 @@ def problems(cfg, stage_names, world_size, run_root=None):
     if not found:
         found.extend(_model_problems(cfg, stage_names))
     from compress.errors import InputError
-    from compress.models.weights import is_weights_name, weights_file
+    from compress.models.weights import is_weights_name, path_problem, weights_file
 
     for key in ("teacher_weights", "student_weights"):
         value = getattr(cfg.model, key)
@@ -46,8 +46,10 @@ def problems(cfg, stage_names, world_size, run_root=None):
                 weights_file(value, getattr(cfg.model, key.replace("_weights", "")), f"model.{key}", download=True)
             except InputError as e:
                 found.append(str(e))
-        elif value and not os.path.isfile(os.path.expanduser(value)):
+        elif value and not os.path.exists(os.path.expanduser(value)):
             found.append(f"model.{key}: file '{value}' not found")
+        elif value and path_problem(value, f"model.{key}"):
+            found.append(path_problem(value, f"model.{key}"))
     if cfg.qat.source == "baseline" and not cfg.distill.baseline and {"qat", "export"} & set(stage_names):
         found.append("qat.source: baseline quantizes the student trained alone, which distill.baseline: false does "
                      "not train; set distill.baseline=true, or qat.source=distill")

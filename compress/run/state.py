@@ -2,11 +2,11 @@
 
 `decide` gives a StageState: skip (complete, nothing it depends on changed), fresh (new, --force, or something
 changed - and what), or resume from checkpoint X at epoch E, step S (interrupted with the same config and
-inputs). It is the only code that reads resume checkpoints' metadata (`read_resume`); `compress show` asks it
-too. `stage_states` says where every stage of a run directory stands: complete (and current), invalidated, a
-failed or interrupted run, or not run. A complete stage is current only while every file it read is still what
-its upstream stage last wrote *and* that upstream stage is itself current: retraining the teacher makes distill,
-qat and export stale.
+inputs). It is the only code that reads resume checkpoints' metadata and checks their tensors (`read_resume`);
+`compress show` asks it too. `stage_states` says where every stage of a run directory stands: complete (and
+current), invalidated, a failed or interrupted run, or not run. A complete stage is current only while every
+file it read is still what its upstream stage last wrote *and* that upstream stage is itself current: retraining
+the teacher makes distill, qat and export stale.
 """
 
 import dataclasses
@@ -71,24 +71,34 @@ def checkpoint_rel(stage, part=""):
 
 def read_resume(run, stage, part="", epochs=None):
     """(Resume, None) for a readable, well-formed resume checkpoint of `stage` (or its `part`); (None, why not)
-    otherwise, why being '' when there is none. Its config hash and inputs come back in Resume.extra's
-    "_made_with" for the caller to compare."""
+    otherwise, why being '' when there is none. Well-formed covers its tensors too: names, dtypes and shapes as
+    written (its recorded layout) and every value finite - one whose tensors were edited, or that holds NaN or
+    infinite values, starts the stage over like one with damaged metadata. Its config hash and inputs come back
+    in Resume.extra's "_made_with" for the caller to compare."""
     rel = checkpoint_rel(stage, part)
     path = run.path(rel)
     if not os.path.isfile(path):
         return None, ""
-    from compress.training.checkpoint import read_metadata, resume_state_problem  # torch: only when there is one
+    from compress.training.checkpoint import (  # torch: only when there is one
+        read_metadata,
+        resume_state_problem,
+        resume_tensors_problem,
+    )
 
     try:
-        state = read_metadata(path).get("state")
+        meta = read_metadata(path)
     except CompressError as e:  # its advice (delete it, or --force) is what happens anyway: it starts over
         return None, f"the resume checkpoint is unreadable ({str(e).split('; delete it')[0]})"
+    state = meta.get("state")
     problem = resume_state_problem(state, epochs)
     if problem and resume_state_problem(state, None) is None:  # sound, but of a longer schedule than asked now
         return None, (f"the resume checkpoint is of an earlier run that got to epoch {state['epoch']}, past the "
                       f"{epochs} epochs asked now")
     if problem:
         return None, f"the resume checkpoint is damaged ({problem})"
+    problem = resume_tensors_problem(path, meta.get("layout"))
+    if problem:
+        return None, f"the resume checkpoint ({rel}) {problem}"
     made_with = {"config_hash": state.get("config_hash"), "inputs": state.get("inputs", {}),
                  "result_hash": state.get("result_hash")}
     extra = dict(state.get("extra") or {}, _made_with=made_with)

@@ -7,11 +7,14 @@
   unexpected and mismatched keys.
 - `save_training_state` / `load_training_state`: everything needed to resume (model incl. training-only
   parts, optimizer tensors, epoch/step, metric history) in ONE file, so a crash can never leave a
-  half-updated set of files. Scalars ride along as JSON in the safetensors metadata.
+  half-updated set of files. Scalars ride along as JSON in the safetensors metadata, and so does the layout
+  (name, dtype, shape) of every tensor: `resume_tensors_problem` finds tensors that no longer match it, or that
+  hold NaN or infinite values, without the model at hand, so that such a checkpoint starts the stage over.
 """
 
 import hashlib
 import json
+import os
 
 import torch
 from safetensors import SafetensorError
@@ -20,7 +23,7 @@ from safetensors.torch import save as st_save
 
 from compress.errors import CheckpointError, InputError
 from compress.fileio import atomic_write_bytes, dumps, open_regular, read_bytes
-from compress.models.weights import key_mismatch
+from compress.models.weights import and_more, key_mismatch
 
 FORMAT = "compress/1"
 
@@ -167,18 +170,58 @@ def save_training_state(path, modules, optimizer, state):
             else:
                 scalars[f"{pid}.{name}"] = value
     meta = {"format": FORMAT, "state": dumps(state),
-            "optimizer": dumps({"param_groups": opt["param_groups"], "scalars": scalars})}
+            "optimizer": dumps({"param_groups": opt["param_groups"], "scalars": scalars}),
+            "layout": dumps(layout_of(tensors))}
     atomic_write_bytes(path, serialize(tensors, meta))
 
 
+def layout_of(tensors):
+    """{name: [dtype, shape]} of `tensors` (dtype as torch names it, without 'torch.')."""
+    return {k: [str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in tensors.items()}
+
+
+def resume_tensors_problem(path, layout):
+    """What makes the tensors of the resume checkpoint at `path` unusable, as words that follow "the resume
+    checkpoint", or None: tensors that cannot be read; names, dtypes or shapes other than `layout` (its metadata's
+    record of what was written; None for a file written before it was recorded: not compared); NaN or infinite
+    values in any floating-point tensor, model's or optimizer's."""
+    try:
+        tensors, _ = read_safetensors(path, "resume checkpoint")
+    except CheckpointError:
+        return "is truncated, or its tensors are damaged"
+    if layout is not None:
+        if not isinstance(layout, dict):
+            return "is damaged (its 'layout' is not a mapping of tensor names to dtype and shape)"
+        found = layout_of(tensors)
+        problem = key_mismatch(layout, found, "wrong shape or dtype", lambda f, w: f != w,
+                               lambda k, w: f"{k} {_shape_dtype(found[k])}, written as {_shape_dtype(w)}")
+        if problem:
+            return f"does not fit the model it was written for ({problem})"
+    bad = [k for k in sorted(tensors) if tensors[k].is_floating_point() and not bool(torch.isfinite(tensors[k]).all())]
+    return f"holds NaN or infinite values in {and_more(bad)}" if bad else None
+
+
+def _shape_dtype(entry):
+    """'(10, 64) float32' for a layout entry [dtype, shape]; the entry as it is when it is not one."""
+    if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], list):
+        return f"{tuple(entry[1])} {entry[0]}"
+    return repr(entry)
+
+
 def load_training_state(path, modules, optimizer):
-    """Restore modules and optimizer in place; return the JSON state (epoch, step, history, ...)."""
+    """Restore modules and optimizer in place; return the JSON state (epoch, step, history, ...). Tensors that do
+    not fit the modules or the optimizer are a CheckpointError that says how to start the stage over (delete the
+    checkpoint's folder, or --force)."""
     tensors, meta = read_safetensors(path, what="resume checkpoint")
     if meta.get("format") != FORMAT or "state" not in meta:
         raise CheckpointError(f"resume checkpoint '{path}' was not written by compress; delete it or use --force")
-    for prefix, module in modules.items():
-        part = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
-        load_into(module, part, path)
+    start_over = f"delete {os.path.dirname(os.path.abspath(path))}/ (or rerun with --force) to start the stage over"
+    try:
+        for prefix, module in modules.items():
+            part = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+            load_into(module, part, path)
+    except CheckpointError as e:
+        raise CheckpointError(f"resume checkpoint {str(e).rstrip('.')}; {start_over}") from None
     opt_meta = json.loads(meta["optimizer"])
     state = {}
     for key, value in tensors.items():
@@ -188,7 +231,11 @@ def load_training_state(path, modules, optimizer):
     for key, value in opt_meta["scalars"].items():
         pid, name = key.split(".", 1)
         state.setdefault(int(pid), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": opt_meta["param_groups"]})
+    try:
+        optimizer.load_state_dict({"state": state, "param_groups": opt_meta["param_groups"]})
+    except (ValueError, KeyError, RuntimeError) as e:  # torch: "... doesn't match the size of optimizer's group"
+        raise CheckpointError(f"resume checkpoint '{path}' does not fit the optimizer ({str(e).splitlines()[0]}); "
+                              f"{start_over}") from None
     return json.loads(meta["state"])
 
 

@@ -238,3 +238,63 @@ def test_a_run_starts_the_teacher_from_the_cached_weights_offline_or_says_what_t
     assert "up to date, skipped" in invoke(*args).stderr  # the cached file's sha256 is the stage's input
     os.utime(torch_home / "hub" / "checkpoints" / FILE)  # touched, same bytes: still up to date
     assert "up to date, skipped" in invoke(*args).stderr
+
+
+def unusable_copies(tmp_path):
+    """resnet14's state dict (1-channel 8x8 images, 10 classes) saved as given, with every float tensor NaN, with
+    one infinite value in one tensor (.safetensors), and with every tensor stored as int32."""
+    from safetensors.torch import save_file
+
+    state = build_model("resnet14", (1, 8, 8), 10).state_dict()
+    torch.save(state, tmp_path / "good.pth")
+    torch.save({k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in state.items()},
+               tmp_path / "nan.pth")
+    inf = {k: v.clone() for k, v in state.items()}
+    inf["classifier.bias"][3] = float("inf")
+    save_file(inf, tmp_path / "inf.safetensors")
+    torch.save({k: v.to(torch.int32) for k, v in state.items()}, tmp_path / "int.pth")
+    return state
+
+
+def test_weights_holding_nan_or_stored_as_integers_are_refused_naming_the_tensor(tmp_path):
+    state = unusable_copies(tmp_path)
+    floats = sum(v.is_floating_point() for v in state.values())
+    for name, expected in (
+            ("nan.pth", f"holds NaN or infinite values in stem.0.weight (and {floats - 1} more tensors); it cannot "
+                        "be used as weights - pass another file"),
+            ("inf.safetensors", "holds NaN or infinite values in classifier.bias; it cannot be used as weights - "
+                                "pass another file"),
+            ("int.pth", f"stores stem.0.weight (and {floats - 1} more tensors) as torch.int32 where the model has "
+                        "floating-point weights; save the state dict with its float tensors")):
+        with pytest.raises(InputError) as e:
+            load_pretrained(build_model("resnet14", (1, 8, 8), 10), str(tmp_path / name), "model.teacher_weights")
+        assert str(e.value) == f"model.teacher_weights: '{tmp_path / name}' {expected}"
+    # integer buffers (BatchNorm's num_batches_tracked) are integers in the model too: the file as saved loads
+    model = build_model("resnet14", (1, 8, 8), 10)
+    load_pretrained(model, str(tmp_path / "good.pth"), "model.teacher_weights")
+    assert same(state, model.state_dict())
+
+
+@pytest.mark.e2e
+def test_a_teacher_of_nan_weights_taken_as_given_is_refused_before_anything_is_written(tmp_path, tiny_config):
+    unusable_copies(tmp_path)
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher",
+                    "--set", f"model.teacher_weights={tmp_path / 'nan.pth'}", "--set", "teacher.epochs=0")
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert f"model.teacher_weights: '{tmp_path / 'nan.pth'}' holds NaN or infinite values in stem.0.weight" \
+        in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_weights_path_that_is_a_device_a_pipe_or_a_folder_says_so(tmp_path):
+    os.mkfifo(tmp_path / "pipe.pth")
+    (tmp_path / "folder.pth").mkdir()
+    for path in ("/dev/zero", str(tmp_path / "pipe.pth"), str(tmp_path / "folder.pth")):
+        with pytest.raises(InputError) as e:
+            load_pretrained(build_model("compact_cnn", (1, 8, 8), 10), path, "model.teacher_weights")
+        assert str(e.value) == (f"model.teacher_weights: '{path}' is not a regular file (a device, pipe or folder); "
+                                "pass a .safetensors or .pth file")
+    with pytest.raises(InputError, match=r"^model.teacher_weights: weights file '.*absent.pth' not found$"):
+        load_pretrained(build_model("compact_cnn", (1, 8, 8), 10), str(tmp_path / "absent.pth"),
+                        "model.teacher_weights")

@@ -443,3 +443,66 @@ def test_train_clip_grad_norm_never_reruns_a_finished_stage(finished_run, tmp_pa
     assert result.exit_code == 0, result.output
     assert [line.split()[1] for line in result.output.splitlines() if line.split()[:1] and line.split()[0] in (
         "teacher", "distill", "qat", "export")] == ["skip"] * 4
+
+
+def damage_tensors(path, edit):
+    """Rewrite the resume checkpoint at `path` with `edit` applied to its tensors, its metadata kept as it was."""
+    tensors, meta = read_safetensors(path)
+    edit(tensors)
+    atomic_write_bytes(path, serialize(tensors, meta))
+
+
+def test_a_resume_checkpoint_whose_tensors_do_not_fit_or_are_not_finite_starts_over(run):
+    """Tensors edited with the metadata kept (another shape or dtype, a tensor gone or added, NaN or inf) make the
+    stage start over as damaged metadata does, the reason naming the file - not a resume that fails on load, or
+    one that trains from NaN weights into a 'lower the learning rate' failure."""
+    rel = checkpoint_rel("teacher")
+    run.update_stage("teacher", status="interrupted")
+    for edit, why in (
+            (lambda t: t.update({"model.weight": torch.zeros(3, 2)}),
+             "does not fit the model it was written for (wrong shape or dtype: model.weight (3, 2) float32, written "
+             "as (2, 2) float32)"),
+            (lambda t: t.update({"model.weight": t["model.weight"].to(torch.int32)}),
+             "does not fit the model it was written for (wrong shape or dtype: model.weight (2, 2) int32, written as "
+             "(2, 2) float32)"),
+            (lambda t: t.pop("model.bias"), "does not fit the model it was written for (missing keys: model.bias)"),
+            (lambda t: t.update({"model.extra": torch.zeros(2)}),
+             "does not fit the model it was written for (unexpected keys: model.extra)"),
+            (lambda t: t.update({"model.bias": torch.tensor([0.0, float("nan")])}),
+             "holds NaN or infinite values in model.bias"),
+            (lambda t: t.update({"model.weight": torch.full((2, 2), float("inf")),
+                                 "model.bias": torch.tensor([1e39, 0.0])}),  # beyond float32: inf
+             "holds NaN or infinite values in model.bias (and 1 more tensor)")):
+        checkpoint(run, "teacher", cfg(), epoch=1, step=7)
+        assert decide(run, cfg(), STAGES["teacher"], False, STAGES, 1).action == "resume"  # sound as written
+        damage_tensors(run.path(rel), edit)
+        state = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1)
+        assert (state.action, state.reason) == ("fresh", f"the resume checkpoint ({rel}) {why}; starting over")
+        assert stage_states(run, STAGES)["teacher"] == ("interrupted", f"the resume checkpoint ({rel}) {why}; will "
+                                                                       "start over")
+
+
+@pytest.mark.e2e
+def test_an_interrupted_teacher_whose_checkpoint_holds_nan_or_another_shape_starts_over(tmp_path, tiny_config):
+    args = ["run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher", "--set", "data.limit=400"]
+    assert invoke(*args).exit_code == 0
+    path = tmp_path / "run" / checkpoint_rel("teacher")
+    intact = path.read_bytes()
+    for edit, why in (
+            (lambda t: t.update({"model.classifier.weight": torch.zeros(10, 65)}),
+             "does not fit the model it was written for (wrong shape or dtype: model.classifier.weight (10, 65) "
+             "float32, written as (10, 64) float32)"),
+            (lambda t: t.update({k: torch.full_like(v, float("nan")) for k, v in t.items() if v.is_floating_point()}),
+             "holds NaN or infinite values in model.")):
+        path.write_bytes(intact)
+        tensors, meta = read_safetensors(path)  # interrupted after its first epoch
+        meta["state"] = json.dumps({**json.loads(meta["state"]), "epoch": 1, "history": [{"val_acc": 50.0}]})
+        path.write_bytes(serialize(tensors, meta))
+        damage_tensors(path, edit)
+        manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+        manifest["stages"]["teacher"]["status"] = "interrupted"
+        (tmp_path / "run" / "manifest.json").write_text(json.dumps(manifest))
+        result = invoke(*args)
+        assert result.exit_code == 0, result.output
+        assert f"teacher: the resume checkpoint (teacher/last/checkpoint.safetensors) {why}" in result.stderr
+        assert "; starting over" in result.stderr and "resuming from" not in result.stderr

@@ -16,9 +16,11 @@ from compress.training.checkpoint import (
     load_training_state,
     load_weights,
     read_metadata,
+    read_safetensors,
     read_weights,
     save_training_state,
     save_weights,
+    serialize,
 )
 
 
@@ -116,3 +118,23 @@ def test_qat_state_with_shared_tensors_saves_and_reloads(tmp_path):
     rebuilt = quant.rebuild_int8(small(seed=5), tensors, example, qconfig, path)
     x = torch.randn(8, 1, 8, 8)
     assert torch.equal(quant.convert(prepared)(x), rebuilt(x))
+
+
+def test_a_resume_checkpoint_that_does_not_fit_the_model_says_how_to_start_the_stage_over(tmp_path):
+    """A checkpoint whose tensors no longer fit (here one written without the layout that `compress.run.state`
+    checks before resuming, so the load itself finds it) names the stage's last/ folder and --force."""
+    model = small()
+    path = tmp_path / "teacher" / "last" / "checkpoint.safetensors"
+    save_training_state(path, {"model": model}, torch.optim.SGD(model.parameters(), lr=0.1),
+                        {"epoch": 1, "step": 0, "history": []})
+    tensors, meta = read_safetensors(path)
+    meta.pop("layout", None)
+    tensors["model.classifier.3.weight"] = torch.zeros(11, 256)
+    path.write_bytes(serialize(tensors, meta))
+    other = small(seed=1)
+    with pytest.raises(CheckpointError) as e:
+        load_training_state(path, {"model": other}, torch.optim.SGD(other.parameters(), lr=0.1))
+    assert str(e.value) == (
+        f"resume checkpoint '{path}' does not fit the model: size mismatch for classifier.3.weight: copying a param "
+        "with shape torch.Size([11, 256]) from checkpoint, the shape in current model is torch.Size([10, 256]); "
+        f"delete {path.parent}/ (or rerun with --force) to start the stage over")
