@@ -385,6 +385,9 @@ def stage_states(run, stages, manifest=None):
     return states
 
 
+UNFINISHED = {"interrupted": "is being rerun and was interrupted", "failed": "was rerun and failed"}
+
+
 def _state(run, name, entries, states):
     entry = entries.get(name)
     if not entry:
@@ -394,11 +397,14 @@ def _state(run, name, entries, states):
             if rel.startswith(EXTERNAL):  # a file outside the run (pretrained weights): checked when run
                 continue
             upstream = rel.split("/")[0]
+            upstream_state = states.get(upstream, ("complete",))[0]
+            if upstream_state in UNFINISHED:  # its record of what it wrote is being redone: no file to compare yet
+                return "invalidated", f"{upstream} {UNFINISHED[upstream_state]}"
             current = (entries.get(upstream) or {}).get("outputs", {}).get(rel)
             if current != sha:
                 return "invalidated", f"{rel} changed since this stage ran"
-            if states.get(upstream, ("complete",))[0] != "complete":
-                return "invalidated", f"{upstream} is {states[upstream][0]}"
+            if upstream_state != "complete":
+                return "invalidated", f"{upstream} is {upstream_state}"
         return "complete", ""
     if entry["status"] == "failed":
         return "failed", entry.get("message") or ""

@@ -79,6 +79,18 @@ def test_upstream_change_invalidates_downstream(run_copy):
     assert "distill: running again: its input teacher/model.safetensors changed" in result.stderr
 
 
+def test_a_downstream_stage_of_an_interrupted_rerun_is_not_said_to_have_a_changed_input(run_copy):
+    """A teacher rerun (--force) that was interrupted leaves its model file as it was: distill is out of date
+    because the teacher is being redone, not because teacher/model.safetensors changed."""
+    path = run_copy / "manifest.json"
+    manifest = json.loads(path.read_text())  # what an interrupted rerun records: no outputs yet
+    manifest["stages"]["teacher"].update(status="interrupted", outputs={})
+    path.write_text(json.dumps(manifest))
+    shown = invoke("show", run_copy).output
+    assert "distill  invalidated (teacher is being rerun and was interrupted)" in shown, shown
+    assert "changed since this stage ran" not in shown
+
+
 def test_a_stage_needs_its_input(tmp_path, tiny_config):
     result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "empty", "--stages", "distill")
     assert result.exit_code == 2
