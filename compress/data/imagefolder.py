@@ -5,6 +5,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import unicodedata
 from collections import Counter
 
 import torch
@@ -256,6 +257,14 @@ def _walk(top):
 def _same_classes(root, train_names, val_names, held_out):
     only_train = sorted(set(train_names) - set(val_names))
     only_val = sorted(set(val_names) - set(train_names))
+    alike = {unicodedata.normalize("NFC", n): n for n in only_val}
+    for name in only_train:  # café typed on one system, copied from macOS (which writes é as e + accent) on another
+        if unicodedata.normalize("NFC", name) in alike:
+            other = alike[unicodedata.normalize("NFC", name)]
+            raise InputError(f"data.root '{root}': class '{name}' in train/ and '{other}' in {held_out}/ look alike "
+                             f"but are written with different Unicode characters ({ascii(name)} and {ascii(other)}: "
+                             "one spells an accent as a separate mark, as macOS does); rename one folder so both "
+                             "splits spell the class the same way")
     if only_train or only_val:
         which = (f"class '{only_train[0]}' is in train/ but not in {held_out}/" if only_train
                  else f"class '{only_val[0]}' is in {held_out}/ but not in train/")

@@ -3,6 +3,7 @@ unlabelled images that are labelled ones, what the summary says a folder's numbe
 and its digest (each folder listed once per run)."""
 
 import os
+import re
 import shutil
 from collections import Counter
 
@@ -404,3 +405,19 @@ def test_a_validation_folder_that_holds_the_training_images_is_refused_and_class
     (tmp_path / "classes" / "train" / "dog").symlink_to("cat")
     with pytest.raises(InputError, match=r"the class folders '.*train/cat' and '.*train/dog' are the same folder"):
         scan(cfg(tmp_path / "classes"))
+
+
+def test_a_class_spelled_with_other_unicode_characters_in_the_two_splits_is_named_as_such(tmp_path):
+    """'café' composed (NFC) in train/ and decomposed (NFD, as macOS writes it) in val/ look identical: the error
+    says how they differ instead of 'in train/ but not in val/'."""
+    import unicodedata
+
+    from compress.data.imagefolder import scan
+
+    composed, decomposed = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    sized_image_tree(tmp_path, ["train"], classes=(composed, "tea"))
+    sized_image_tree(tmp_path, ["val"], classes=(decomposed, "tea"))
+    expected = (f"class '{composed}' in train/ and '{decomposed}' in val/ look alike but are written with different "
+                "Unicode characters ('caf\\xe9' and 'cafe\\u0301'")
+    with pytest.raises(InputError, match=re.escape(expected)):
+        scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}"))
