@@ -385,9 +385,6 @@ def stage_states(run, stages, manifest=None):
     return states
 
 
-UNFINISHED = {"interrupted": "is being rerun and was interrupted", "failed": "was rerun and failed"}
-
-
 def _state(run, name, entries, states):
     entry = entries.get(name)
     if not entry:
@@ -398,7 +395,7 @@ def _state(run, name, entries, states):
                 continue
             upstream = rel.split("/")[0]
             upstream_state = states.get(upstream, ("complete",))[0]
-            if upstream_state in UNFINISHED:  # its record of what it wrote is being redone: no file to compare yet
+            if upstream_state in ("interrupted", "failed"):  # its record of what it writes is being redone
                 return "invalidated", f"{upstream} {UNFINISHED[upstream_state]}"
             current = (entries.get(upstream) or {}).get("outputs", {}).get(rel)
             if current != sha:

@@ -130,7 +130,8 @@ def test_an_int8_model_not_fast_enough_ends_in_a_verdict_for_the_fp32_file(tmp_p
         assert (run / "export" / name).is_file()
     pair = export["ptq"]["vs_qat"]  # QAT against PTQ: the images only one of them gets right, and their weight
     assert pair["only_first"] + pair["only_second"] <= export["int8"]["samples"] and 0 <= pair["p"] <= 1
-    assert f"{pair['only_first']} are right only with QAT and {pair['only_second']} only with PTQ" in (
+    verb = "is" if pair["only_first"] == 1 else "are"
+    assert f"{pair['only_first']} {verb} right only with QAT and {pair['only_second']} only with PTQ" in (
         run / "report.md").read_text()
     image = next((tmp_path / "img" / "val" / "a").iterdir())
     predicted = invoke("predict", run, image)
