@@ -1,15 +1,15 @@
 """Fault injection for the crash tests, from the outside: the training loop has no test hooks.
 
-    COMPRESS_FAULT=stage:epoch:step[:kill|nan|perturb|sigint[:rank]] python tests/faults.py run ...
+    COMPRESS_FAULT=stage:epoch:step[:kill|nan|perturb|sigint|sighup[:rank]] python tests/faults.py run ...
 
 runs `compress` with `compress.training.loop.train_one_epoch` wrapped so that, in `stage` (its session name,
 e.g. "teacher" or "distill baseline"; 0-based epoch and step): `kill` SIGKILLs this process right after that
 step's optimizer update (a real kill -9 at a reproducible moment), `nan` makes that step's loss NaN, `perturb`
 nudges this process's copy of the first parameter after that step's update (a replica that drifted from the
 others), `sigint` sends this process SIGINT right after that step's update (Ctrl-C at a reproducible moment:
-the real signal, through the real handler). With `rank`, only that rank is hit; under torchrun only the
-first attempt of the group is (a restarted group runs clean). The script also works as torchrun's worker
-script.
+the real signal, through the real handler), `sighup` likewise SIGHUP (the terminal or ssh session closed).
+With `rank`, only that rank is hit; under torchrun only the first attempt of the group is (a restarted group runs
+clean). The script also works as torchrun's worker script.
 
     COMPRESS_FAULT=store:N python tests/faults.py run ...
 
@@ -77,6 +77,8 @@ def install(spec):
                     os.kill(os.getpid(), signal.SIGKILL)
                 if kind == "sigint":
                     os.kill(os.getpid(), signal.SIGINT)
+                if kind == "sighup":
+                    os.kill(os.getpid(), signal.SIGHUP)
                 if kind == "perturb":
                     with torch.no_grad():
                         next(model.parameters()).add_(1e-3)

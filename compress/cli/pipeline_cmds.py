@@ -89,6 +89,10 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
         sys.exit(_relaunch(cfg, config_path, stage_names, run_dir, overrides, force, nproc_per_node, max_restarts))
     from compress.run.pipeline import run_pipeline
 
+    if launched_by_torchrun():
+        from compress.training.distributed import die_with_launcher
+
+        die_with_launcher()
     rank = int(os.environ.get("RANK", 0))
     setup_logging(rank)
     if config_path and rank == 0:

@@ -13,6 +13,8 @@ import gc
 import json
 import logging
 import os
+import signal
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +49,26 @@ class DistEnv:
 
 def launched_by_torchrun():
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_launcher():
+    """On Linux, have the kernel send this torchrun worker SIGTERM when the process that started it dies: a
+    launcher killed with kill -9 forwards no signal, and its workers (each in a session of its own) would go on
+    training, unlocked and unseen, beside the next run of the directory. SIGTERM is a graceful stop: the worker
+    checkpoints and exits like after Ctrl-C. A worker whose launcher is already gone stops at once."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl to call: nothing to ask for
+        return
+    if os.getppid() == 1:  # orphaned before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _env_int(name, default):

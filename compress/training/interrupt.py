@@ -1,5 +1,6 @@
-"""Graceful stop: the first Ctrl-C or SIGTERM asks training to stop after the current step; the loop writes
-the resume checkpoint and raises Interrupted. A second Ctrl-C stops at once."""
+"""Graceful stop: the first Ctrl-C, SIGTERM or SIGHUP (the terminal or ssh session closed) asks training to stop
+after the current step; the loop writes the resume checkpoint and raises Interrupted. A second Ctrl-C stops at
+once."""
 
 import contextlib
 import os
@@ -35,7 +36,7 @@ def graceful_stop():
     _requested = False
     previous = {}
     try:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])):
             previous[sig] = signal.signal(sig, _handler)
     except ValueError:  # not the main thread: leave signals alone
         pass

@@ -179,3 +179,47 @@ def test_clipping_under_two_processes_keeps_the_replicas_identical(tiny_config, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["metrics"]
     assert metrics["replicas_identical"] is True
+
+
+def _processes_naming(text):
+    """PIDs of the processes whose command line holds `text` (from /proc: no pgrep needed)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_workers_stop_and_checkpoint_when_their_launcher_is_killed(tiny_config, tmp_path):
+    """kill -9 of `compress run --nproc-per-node 2` forwards no signal to its workers (each in a session of its
+    own): they are sent SIGTERM by the kernel, checkpoint and exit, instead of training on unseen and unlocked."""
+    import time
+
+    run = tmp_path / "orphans"
+    exe = os.path.join(os.path.dirname(sys.executable), "compress")
+    launcher = subprocess.Popen([exe, "run", "-c", tiny_config, "--run-dir", str(run), "--stages", "teacher",
+                                 "--set", "teacher.epochs=200", "--nproc-per-node", "2"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while not ((run / "log.txt").exists() and "teacher: epoch 1/" in (run / "log.txt").read_text()):
+            assert time.time() < deadline and launcher.poll() is None, "the run did not start training"
+            time.sleep(0.5)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.time() + 120
+    while _processes_naming(str(run)) and time.time() < deadline:
+        time.sleep(0.5)
+    left = _processes_naming(str(run))
+    for pid in left:
+        os.kill(pid, 9)
+    assert not left, "workers kept running after their launcher was killed"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["stages"]["teacher"]["status"] == "interrupted"
+    assert (run / "teacher" / "last" / "checkpoint.safetensors").is_file()

@@ -329,6 +329,18 @@ def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_r
     assert_identical(finished_run, run, ["teacher"])
 
 
+def test_a_closed_terminal_stops_training_like_ctrl_c(tiny_config, tmp_path):
+    """SIGHUP (the terminal or ssh session closed) is a graceful stop as SIGINT and SIGTERM are: the step's
+    checkpoint, exit 130 - not a process killed without a word and the work since the last epoch lost."""
+    run = tmp_path / "hangup"
+    proc = fault_subprocess("run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher",
+                            fault="teacher:1:5:sighup")
+    assert proc.returncode == 130, proc.stderr
+    assert "stopped: interrupted at epoch 2 of teacher (after 7 of its 51 steps)" in proc.stderr
+    state = read_metadata(run / "teacher" / "last" / "checkpoint.safetensors")["state"]
+    assert (state["epoch"], state["step"]) == (1, 7)
+
+
 def test_nan_loss_stops_the_stage_and_keeps_the_last_good_checkpoint(finished_run, tiny_config, tmp_path):
     run = tmp_path / "nan"
     base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher"]
