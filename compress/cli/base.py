@@ -4,6 +4,7 @@ import logging
 import logging.handlers
 import os
 import sys
+import traceback
 
 import click
 
@@ -73,13 +74,16 @@ class CompressGroup(click.Group):
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except CompressError as e:
-            if _debug["on"]:
+            stopped = isinstance(e, Interrupted) or e.exit_code == EXIT_INTERRUPTED
+            if _debug["on"] and not stopped:
                 raise
+            if _debug["on"]:  # the traceback asked for, and still an interruption's line and exit code
+                traceback.print_exc()
             from compress.errors import MirroredError
 
             rank = int(os.environ.get("RANK", 0))
             # a stop the user asked for is no error: said plainly, with the exit code of an interruption
-            word = "stopped" if isinstance(e, Interrupted) or e.exit_code == EXIT_INTERRUPTED else "error"
+            word = "stopped" if stopped else "error"
             if not isinstance(e, MirroredError):  # rank 0 already said it
                 echo(f"{word}: {e}" if rank == 0 else f"{word} [rank {rank}]: {e}", err=True)
             ctx.exit(e.exit_code)
@@ -88,8 +92,9 @@ class CompressGroup(click.Group):
             ctx.exit(0)
         except KeyboardInterrupt:
             if _debug["on"]:
-                raise
-            echo("stopped: interrupted (Ctrl-C)", err=True)
+                traceback.print_exc()
+            echo("stopped: interrupted (Ctrl-C); rerun the same command to go on - finished stages are kept, an "
+                 "interrupted one resumes from its last checkpoint", err=True)
             ctx.exit(EXIT_INTERRUPTED)
         except Exception as e:
             if _debug["on"]:

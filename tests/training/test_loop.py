@@ -339,6 +339,10 @@ def test_a_closed_terminal_stops_training_like_ctrl_c(tiny_config, tmp_path):
     assert "stopped: interrupted at epoch 2 of teacher (after 7 of its 51 steps)" in proc.stderr
     state = read_metadata(run / "teacher" / "last" / "checkpoint.safetensors")["state"]
     assert (state["epoch"], state["step"]) == (1, 7)
+    debug = fault_subprocess("--debug", "run", "-c", tiny_config, "--run-dir", tmp_path / "debug", "--stages",
+                             "teacher", fault="teacher:1:5:sigint")  # the traceback asked for, still exit 130
+    assert debug.returncode == 130 and "Traceback" in debug.stderr, debug.stderr[-2000:]
+    assert "stopped: interrupted at epoch 2 of teacher" in debug.stderr
 
 
 def test_nan_loss_stops_the_stage_and_keeps_the_last_good_checkpoint(finished_run, tiny_config, tmp_path):
