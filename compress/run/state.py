@@ -377,15 +377,17 @@ def _diff_keys(old, new, prefix=""):
 
 
 def stage_states(run, stages, manifest=None):
-    """{stage: (state, detail)} for every stage in pipeline order."""
+    """{stage: (state, detail)} for every stage in pipeline order (`stages`: names, or {name: stage module},
+    whose PARTS let an interrupted stage say which of its parts resumes)."""
     entries = (manifest or run.manifest())["stages"]
     states = {}
     for name in stages:
-        states[name] = _state(run, name, entries, states)
+        parts = getattr(stages[name], "PARTS", ()) if hasattr(stages, "keys") else ()
+        states[name] = _state(run, name, entries, states, parts[1:])
     return states
 
 
-def _state(run, name, entries, states):
+def _state(run, name, entries, states, later_parts=()):
     entry = entries.get(name)
     if not entry:
         return "not run", ""
@@ -412,4 +414,11 @@ def _state(run, name, entries, states):
         detail = "its resume checkpoint is of an earlier run with another config; will start over"
     else:
         detail = f"resumable at epoch {point.epoch + 1}, step {point.step}"
+        epochs = ((entry.get("config") or {}).get(name) or {}).get("epochs")
+        if isinstance(epochs, int) and point.epoch >= epochs:  # this part finished; a later one was interrupted
+            later = next(((p, part) for part in later_parts if (p := read_resume(run, name, part)[0])), None)
+            if later:
+                detail = (f"its main model trained; {later[1]} resumable at epoch {later[0].epoch + 1}, step "
+                          f"{later[0].step}")
     return "interrupted", detail
+

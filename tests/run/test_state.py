@@ -17,7 +17,7 @@ from compress.run.config import config_slice, load_config, result_hash, section_
 from compress.run.rundir import RunDir
 from compress.run.state import checkpoint_rel, decide, missing_upstream, stage_states
 from compress.training.checkpoint import read_safetensors, save_training_state, serialize
-from conftest import HANG, compress_subprocess, file_bytes, image_tree, invoke
+from conftest import HANG, compress_subprocess, fault_subprocess, file_bytes, image_tree, invoke
 from stages import STAGES
 
 TEACHER = "teacher/model.safetensors"
@@ -506,3 +506,13 @@ def test_an_interrupted_teacher_whose_checkpoint_holds_nan_or_another_shape_star
         assert result.exit_code == 0, result.output
         assert f"teacher: the resume checkpoint (teacher/last/checkpoint.safetensors) {why}" in result.stderr
         assert "; starting over" in result.stderr and "resuming from" not in result.stderr
+
+
+def test_show_names_the_part_of_an_interrupted_distill_stage_that_resumes(run_copy):
+    """Interrupted while training the student alone, the distill stage's main student has finished: show says
+    the student alone resumes, at its epoch - not the main student's end, one epoch past the schedule."""
+    proc = fault_subprocess("run", "--run-dir", run_copy, "--stages", "distill", "--force",
+                            fault="distill baseline:1:3:sigint")
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    shown = invoke("show", run_copy).output
+    assert "distill  interrupted (its main model trained; baseline resumable at epoch 2, step " in shown, shown
