@@ -42,7 +42,7 @@ def _warn_if_unverified(run_dir, *files):
     failed its checks, the file was changed after export wrote it, or the manifest that would tell cannot be read.
     Only warnings: a folder without a readable manifest still serves its files."""
     from compress.errors import CompressError
-    from compress.run.rundir import RunDir
+    from compress.run.rundir import RunDir, lock_holder
     from compress.run.state import files_changed, stage_states
     from stages import ORDER
 
@@ -62,6 +62,9 @@ def _warn_if_unverified(run_dir, *files):
     elif state == "failed":
         echo(f"warning: the last export failed ({detail.split(';')[0]}): its files are kept for inspection, "
                    f"not verified for deployment; {fix}", err=True)
+    elif state != "complete" and lock_holder(run):  # a run is at work in the directory now
+        echo(f"warning: a compress run is working in {run_dir} now ({lock_holder(run)}): these files may be "
+             "rewritten while you use them; wait for it to finish", err=True)
     elif state != "complete":  # interrupted or killed part-way: some files may be rewritten, others older
         echo(f"warning: the last export did not finish ({state}): its files may be partly from an earlier "
                    f"export; {fix}", err=True)

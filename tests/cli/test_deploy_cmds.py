@@ -159,3 +159,26 @@ def test_a_file_name_with_a_line_break_cannot_print_a_line_of_its_own(finished_r
     assert len(lines) == 1 and lines[0].startswith(f"{folder}/a.png: 7 (100.0%)\\nb.png: "), result.stdout
     skipped = [line for line in result.stderr.splitlines() if line.startswith("skipped:")]
     assert len(skipped) == 1 and "bad\\nname.png" in skipped[0], result.stderr
+
+
+def test_predict_while_a_run_is_at_work_in_the_directory_says_so(run_copy, tmp_path):
+    """An export that is running now is not 'an export that did not finish': predict names the run at work."""
+    import subprocess
+    import sys
+
+    paths, _ = write_val_pngs(tmp_path, count=1)
+    manifest = json.loads((run_copy / "manifest.json").read_text())  # as a running export leaves it
+    manifest["stages"]["export"]["status"] = "running"
+    (run_copy / "manifest.json").write_text(json.dumps(manifest))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom compress.run.rundir import RunDir, "
+                               "RunLock\nRunLock(RunDir(sys.argv[1])).acquire()\nprint('held', flush=True)\n"
+                               "time.sleep(60)", str(run_copy)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = invoke("predict", run_copy, *paths)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.exit_code == 0, result.output
+    assert f"warning: a compress run is working in {run_copy} now (pid {holder.pid}" in result.stderr
+    assert "the last export did not finish" in invoke("predict", run_copy, *paths).stderr
