@@ -76,6 +76,11 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
     config_path, note = recipes.resolve(config_path)
     if not config_path and os.path.isfile(os.path.join(run_dir, "config.yaml")):
         config_path = os.path.join(run_dir, "config.yaml")
+    elif not config_path and not overrides and os.path.isdir(os.path.join(run_dir, "cache", "pixels")) and \
+            not os.path.lexists(os.path.join(run_dir, "manifest.json")):
+        raise InputError(f"'{run_dir}' holds only the images a first run decoded before it stopped, not its config: "
+                         "rerun that run's command, with its -c and --set (the defaults would train on the built-in "
+                         "digits)")
     overrides = list(overrides) + ([f"train.device={device}"] if device else [])
     try:
         cfg = load_config(config_path, overrides)

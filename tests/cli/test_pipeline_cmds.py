@@ -60,3 +60,18 @@ def test_compress_models_names_every_form_a_model_key_takes():
     result = invoke("models")
     assert result.exit_code == 0 and "compact_cnn" in result.output and "resnet20" in result.output
     assert "torchvision:<builder>" in result.output and "<module>:<function>" in result.output  # not the README alone
+
+
+def test_a_directory_left_with_only_decoded_images_is_not_run_on_the_defaults(tmp_path):
+    """A first run stopped while decoding leaves cache/pixels/ and no config.yaml: a plain `compress run` there
+    would train the built-in digits; it is refused, saying to rerun that run's command (which still works)."""
+    run = tmp_path / "photos-run"
+    (run / "cache" / "pixels" / "train-0123456789abcdef").mkdir(parents=True)
+    for args in ([], ["--dry-run"]):
+        result = invoke("run", "--run-dir", run, *args)
+        assert result.exit_code == 2, result.output
+        assert (f"'{run}' holds only the images a first run decoded before it stopped, not its config: rerun that "
+                "run's command, with its -c and --set") in result.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["cache"]
+    given = invoke("run", "--run-dir", run, "--dry-run", "--set", "teacher.epochs=1")  # a command that says what
+    assert given.exit_code == 0, given.output
