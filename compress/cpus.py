@@ -96,6 +96,7 @@ def crowding_note(threads, busy):
 
 
 MAX_AUTO_LOADER_WORKERS = 8
+MIN_SHM_FOR_WORKERS = 2**30  # /dev/shm below it: no worker processes (they hand batches over through it)
 
 
 def loader_workers(setting, device_type, local_world=1):
@@ -114,9 +115,6 @@ def loader_workers(setting, device_type, local_world=1):
                    "batches; give it more (docker run --shm-size 8g) or set train.num_workers")
     share = cpu_share(local_world)
     return max(0, min(MAX_AUTO_LOADER_WORKERS, share - 1)), f"auto: CUDA, {share} CPUs for this process"
-
-
-MIN_SHM_FOR_WORKERS = 2**30
 
 
 def shared_memory_bytes(path="/dev/shm"):

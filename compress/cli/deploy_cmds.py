@@ -57,13 +57,14 @@ def _warn_if_unverified(run_dir, *files):
              "export verified", err=True)
         return
     fix = f"`compress run --run-dir {run_dir}` brings the run up to date (it skips what already is)"
+    holder = lock_holder(run) if state not in ("complete", "invalidated", "failed") else ""
     if state == "invalidated":
         echo(f"warning: export is stale ({detail}): these files were made before that; {fix}", err=True)
     elif state == "failed":
         echo(f"warning: the last export failed ({detail.split(';')[0]}): its files are kept for inspection, "
                    f"not verified for deployment; {fix}", err=True)
-    elif state != "complete" and lock_holder(run):  # a run is at work in the directory now
-        echo(f"warning: a compress run is working in {run_dir} now ({lock_holder(run)}): these files may be "
+    elif holder:  # a run is at work in the directory now
+        echo(f"warning: a compress run is working in {run_dir} now ({holder}): these files may be "
              "rewritten while you use them; wait for it to finish", err=True)
     elif state != "complete":  # interrupted or killed part-way: some files may be rewritten, others older
         echo(f"warning: the last export did not finish ({state}): its files may be partly from an earlier "

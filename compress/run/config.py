@@ -605,7 +605,7 @@ def parse_yaml(text, source=None):
     if size > MAX_YAML_VALUES:
         raise ConfigError([f"its YAML aliases (*name) expand to more than {MAX_YAML_VALUES:,} values (a config holds "
                            "a few hundred); write the values out, or use fewer aliases"], source=source)
-    _refuse_duplicate_keys(root, source)
+    _refuse_misread_yaml(root, source)
     return yaml.safe_load(text)
 
 
@@ -643,7 +643,7 @@ def _expanded_size(root, source):
 SEXAGESIMAL_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 
 
-def _refuse_duplicate_keys(root, path):
+def _refuse_misread_yaml(root, path):
     """YAML lets a mapping hold a key twice and keeps the last one; a config that sets `epochs:` twice almost
     always means one of them is a mistake. A plain number with a colon (YAML 1.1's base 60: `seed: 12:30` is 750)
     is refused too. Checked on the node tree, each distinct node once (an alias is the

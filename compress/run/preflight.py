@@ -48,8 +48,8 @@ def problems(cfg, stage_names, world_size, run_root=None):
                 found.append(str(e))
         elif value and not os.path.exists(os.path.expanduser(value)):
             found.append(f"model.{key}: file '{value}' not found")
-        elif value and path_problem(value, f"model.{key}"):
-            found.append(path_problem(value, f"model.{key}"))
+        elif value and (problem := path_problem(value, f"model.{key}")):
+            found.append(problem)
     if cfg.qat.source == "baseline" and not cfg.distill.baseline and {"qat", "export"} & set(stage_names):
         found.append("qat.source: baseline quantizes the student trained alone, which distill.baseline: false does "
                      "not train; set distill.baseline=true, or qat.source=distill")
