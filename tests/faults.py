@@ -1,13 +1,16 @@
 """Fault injection for the crash tests, from the outside: the training loop has no test hooks.
 
-    COMPRESS_FAULT=stage:epoch:step[:kill|nan|perturb|sigint|sighup[:rank]] python tests/faults.py run ...
+    COMPRESS_FAULT=stage:epoch:step[:kill|nan|perturb|sigint|sighup|sigterm-group[:rank]] python tests/faults.py run ...
 
 runs `compress` with `compress.training.loop.train_one_epoch` wrapped so that, in `stage` (its session name,
 e.g. "teacher" or "distill baseline"; 0-based epoch and step): `kill` SIGKILLs this process right after that
 step's optimizer update (a real kill -9 at a reproducible moment), `nan` makes that step's loss NaN, `perturb`
 nudges this process's copy of the first parameter after that step's update (a replica that drifted from the
 others), `sigint` sends this process SIGINT right after that step's update (Ctrl-C at a reproducible moment:
-the real signal, through the real handler), `sighup` likewise SIGHUP (the terminal or ssh session closed).
+the real signal, through the real handler), `sighup` likewise SIGHUP (the terminal or ssh session closed),
+`sigterm-group` SIGTERM to the whole process group, DataLoader workers included, as `timeout`, a batch scheduler
+or a closing terminal send it (the process first becomes the leader of a group of its own, so nothing else is
+hit).
 With `rank`, only that rank is hit; under torchrun only the first attempt of the group is (a restarted group runs
 clean). The script also works as torchrun's worker script.
 
@@ -20,6 +23,7 @@ middle of building the store).
 import os
 import signal
 import sys
+import time
 
 # Run as a script (or as torchrun's worker script), this file's folder comes first on sys.path, and tests/stages/
 # (the stage modules' tests) would stand in for the stages package: import compress and stages as installed.
@@ -55,6 +59,8 @@ def install(spec):
         return
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
+    if kind == "sigterm-group":
+        os.setsid()  # a group of its own: the workers it forks join it, pytest does not
     original = loop.train_one_epoch
 
     def train_one_epoch(model, loss_fn, optimizer, loader, schedule, at_epoch, session):
@@ -79,6 +85,9 @@ def install(spec):
                     os.kill(os.getpid(), signal.SIGINT)
                 if kind == "sighup":
                     os.kill(os.getpid(), signal.SIGHUP)
+                if kind == "sigterm-group":
+                    os.killpg(0, signal.SIGTERM)
+                    time.sleep(1)  # the workers have taken the signal (or died of it) before the step ends
                 if kind == "perturb":
                     with torch.no_grad():
                         next(model.parameters()).add_(1e-3)

@@ -1,7 +1,13 @@
 """Which samples each process trains and evaluates on, batch by batch, reproducibly from (seed, epoch)."""
 
+import os
+import signal
+import threading
+
 import torch
 from torch.utils.data import DataLoader, Sampler
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 class EpochBatches(Sampler):
@@ -45,10 +51,30 @@ class EpochBatches(Sampler):
         return max(0, self.batches_per_epoch - self.skip)
 
 
+WORKER_GRACE_S = 2.0
+
+
+def _leave_stop_signals_to_the_trainer(worker_id):
+    """DataLoader workers leave Ctrl-C and SIGHUP to the training process, and take SIGTERM as "finish the batches
+    asked for, then exit cleanly". `timeout`, batch schedulers and terminals signal the whole process group: a worker
+    dying of the signal makes the training process fail ("DataLoader worker ... killed by signal") instead of
+    stopping at its next step with a checkpoint. SIGTERM cannot simply be ignored: it is also how multiprocessing
+    ends a process's workers when it exits."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _exit_soon if sig == signal.SIGTERM else signal.SIG_IGN)
+
+
+def _exit_soon(signum, frame):
+    timer = threading.Timer(WORKER_GRACE_S, os._exit, (0,))
+    timer.daemon = True
+    timer.start()
+
+
 def _loader(dataset, sampler, num_workers, pin_memory):
     return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
                       persistent_workers=num_workers > 0, pin_memory=pin_memory,
-                      prefetch_factor=4 if num_workers else None)
+                      prefetch_factor=4 if num_workers else None,
+                      worker_init_fn=_leave_stop_signals_to_the_trainer if num_workers else None)
 
 
 def train_loader(dataset, batch_size, rank, world, seed, num_workers=0, pin_memory=False):

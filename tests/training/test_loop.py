@@ -345,6 +345,23 @@ def test_a_closed_terminal_stops_training_like_ctrl_c(tiny_config, tmp_path):
     assert "stopped: interrupted at epoch 2 of teacher" in debug.stderr
 
 
+def test_sigterm_to_the_process_group_with_dataloader_workers_is_a_graceful_stop(tiny_config, tmp_path):
+    """`timeout`, a batch scheduler or a closing terminal signal the whole process group, DataLoader workers too
+    (the default on CUDA): the workers must not die of it under the training process, which stops at its step with
+    a checkpoint and exit 130 - not "unexpected RuntimeError: DataLoader worker ... killed by signal"."""
+    run = tmp_path / "group"
+    base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher", "--set", "train.num_workers=2"]
+    proc = fault_subprocess(*base, fault="teacher:1:5:sigterm-group")
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert "stopped: interrupted at epoch 2 of teacher (after 7 of its 51 steps)" in proc.stderr
+    assert "killed by signal" not in proc.stderr and "Traceback" not in proc.stderr and "unexpected" not in proc.stderr
+    state = read_metadata(run / "teacher" / "last" / "checkpoint.safetensors")["state"]
+    assert (state["epoch"], state["step"]) == (1, 7)
+    again = compress_subprocess(*base)
+    assert again.returncode == 0, again.stderr
+    assert "resuming the interrupted run at epoch 2, step 7" in again.stderr
+
+
 def test_nan_loss_stops_the_stage_and_keeps_the_last_good_checkpoint(finished_run, tiny_config, tmp_path):
     run = tmp_path / "nan"
     base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher"]
