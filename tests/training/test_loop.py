@@ -329,6 +329,7 @@ def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_r
     assert_identical(finished_run, run, ["teacher"])
 
 
+@pytest.mark.e2e
 def test_a_closed_terminal_stops_training_like_ctrl_c(tiny_config, tmp_path):
     """SIGHUP (the terminal or ssh session closed) is a graceful stop as SIGINT and SIGTERM are: the step's
     checkpoint, exit 130 - not a process killed without a word and the work since the last epoch lost."""
@@ -345,6 +346,7 @@ def test_a_closed_terminal_stops_training_like_ctrl_c(tiny_config, tmp_path):
     assert "stopped: interrupted at epoch 2 of teacher" in debug.stderr
 
 
+@pytest.mark.e2e
 def test_sigterm_to_the_process_group_with_dataloader_workers_is_a_graceful_stop(tiny_config, tmp_path):
     """`timeout`, a batch scheduler or a closing terminal signal the whole process group, DataLoader workers too
     (the default on CUDA): the workers must not die of it under the training process, which stops at its step with
