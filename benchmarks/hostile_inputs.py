@@ -1,0 +1,331 @@
+"""Hostile input, case by case, through the installed `compress`: each case is built in a scratch folder, the command
+run under a time limit, and its exit code, wall time and last line printed as a Markdown table - what a user sees
+today. The tests (named in the last column) pin each behaviour; this script shows them side by side.
+
+    python benchmarks/hostile_inputs.py --work /tmp/hostile > /tmp/hostile.md     # about 2 minutes on 2 cores
+
+A case passes when the command ends within the limit, exits as expected (non-zero for input it cannot use), prints
+no traceback and no raw control character, and says what the case is about (the `expect` text).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+LIMIT_S = 60
+TINY = """\
+seed: 0
+data: {name: digits, augment: pad_crop, crop_padding: 1}
+model: {teacher: resnet14, student: compact_cnn}
+train: {eval_batch_size: 256, progress: false}
+teacher: {epochs: 2, batch_size: 32}
+distill: {epochs: 1, batch_size: 32, views: 3}
+qat: {epochs: 1, batch_size: 32, max_accuracy_drop: 100.0, float_layers: []}
+export: {latency_batch_sizes: [1, 8], latency_repeats: 2, latency_warmup: 0, min_int8_speedup: 0.0}
+"""
+PHOTOS = ["-c", "photos", "--set", "model.teacher=resnet14", "--set", "model.student=compact_cnn", "--set",
+          "teacher.epochs=1", "--set", "distill.epochs=1", "--set", "distill.views=1", "--set", "qat.epochs=1",
+          "--set", "train.progress=false", "--set", "data.image_size=32"]
+EXE = os.path.join(os.path.dirname(sys.executable), "compress")
+CASES = []
+
+
+def case(group, name, expect, rc, test):
+    def register(build):
+        CASES.append((group, name, expect, rc, test, build))
+        return build
+    return register
+
+
+def run(args, cwd=None, timeout=LIMIT_S):
+    """(exit code or 'hang', seconds, stdout + stderr) of `compress args` in its own process group."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([EXE, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=cwd, start_new_session=True, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        code = "hang"
+    return code, time.perf_counter() - start, out
+
+
+def photos_tree(root, classes=("cat", "dog"), train=8, val=4, shade=0):
+    from PIL import Image
+
+    for s, (split, count) in enumerate((("train", train), ("val", val))):
+        for c, name in enumerate(classes):
+            os.makedirs(os.path.join(root, split, name), exist_ok=True)
+            for i in range(count):  # every image its own colour: no validation image copies a training one
+                Image.new("RGB", (48 + i, 40), (40 * c + 3 * i, 90 + 50 * s, 160 - 5 * i - 40 * shade)).save(
+                    os.path.join(root, split, name, f"{i}.jpg"))
+    return root
+
+
+def copy_run(w, name):
+    dst = os.path.join(w, name)
+    shutil.copytree(os.path.join(w, "base"), dst, symlinks=True)
+    return dst
+
+
+def edit_json(path, change):
+    with open(path) as f:
+        data = json.load(f)
+    data = change(data)
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+# -- hangs -------------------------------------------------------------------------------------------------------
+
+@case("hang", "data.unlabeled holding two links to itself (`ln -s . l1; ln -s . l2`)", "unlabelled", 0,
+      "tests/data/test_imagefolder.py")
+def self_linked_unlabeled(w):
+    root = photos_tree(os.path.join(w, "photos_sl"))
+    extra = photos_tree(os.path.join(w, "extra_sl"), classes=("x",), train=6, val=0, shade=1)
+    unl = os.path.join(extra, "train", "x")
+    os.symlink(".", os.path.join(unl, "l1"))
+    os.symlink(".", os.path.join(unl, "l2"))
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_sl"), "--stages", "teacher,distill", "--set",
+            f"data.root={root}", "--set", f"data.unlabeled={unl}"]
+
+
+@case("hang", "YAML alias bomb (9 levels of 9 aliases) in -c", "alias", 2, "tests/run/test_config.py")
+def alias_bomb(w):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i-1}'] * 9)}]" for i in range(1, 10)]
+    path = os.path.join(w, "bomb.yaml")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return ["run", "-c", path, "--run-dir", os.path.join(w, "r_bomb")]
+
+
+@case("hang", "alias bomb in a run directory's config.yaml", "alias", 2, "tests/run/test_config.py")
+def alias_bomb_in_run(w):
+    run_dir = copy_run(w, "r_bomb_run")
+    shutil.copy(os.path.join(w, "bomb.yaml"), os.path.join(run_dir, "config.yaml"))
+    return ["run", "--run-dir", run_dir]
+
+
+@case("hang", "a FIFO as <run>/.lock: `compress show`", "teacher  ", 0, "tests/run/test_rundir.py")
+def fifo_lock_show(w):
+    run_dir = copy_run(w, "r_fifo_lock")
+    os.mkfifo(os.path.join(run_dir, ".lock"))
+    return ["show", run_dir]
+
+
+@case("hang", "a FIFO as <run>/.lock: `compress run`", ".lock", 2, "tests/run/test_rundir.py")
+def fifo_lock_run(w):
+    return ["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", os.path.join(w, "r_fifo_lock")]
+
+
+@case("hang", "a FIFO as <run>/log.txt", "log.txt", 2, "tests/run/test_rundir.py")
+def fifo_log(w):
+    run_dir = copy_run(w, "r_fifo_log")
+    os.remove(os.path.join(run_dir, "log.txt"))
+    os.mkfifo(os.path.join(run_dir, "log.txt"))
+    return ["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", run_dir]
+
+
+# -- silent wrong results ----------------------------------------------------------------------------------------
+
+@case("wrong result", "data.unlabeled = the data root", "unlabeled", 2, "tests/data/test_imagefolder.py")
+def unlabeled_root(w):
+    root = photos_tree(os.path.join(w, "photos_ur"))
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_ur"), "--set", f"data.root={root}", "--set",
+            f"data.unlabeled={root}"]
+
+
+@case("wrong result", "data.unlabeled = the data root's val/", "unlabeled", 2, "tests/data/test_imagefolder.py")
+def unlabeled_val(w):
+    root = os.path.join(w, "photos_ur")
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_uv"), "--set", f"data.root={root}", "--set",
+            f"data.unlabeled={root}/val"]
+
+
+@case("wrong result", "a store chunk rewritten with its own hashes updated", "rebuilt", 0,
+      "tests/distill/test_store.py")
+def forged_chunk(w):
+    from safetensors.torch import load
+
+    from compress.training.checkpoint import serialize, tensor_sha256
+
+    run_dir = copy_run(w, "r_forged")
+    path = os.path.join(run_dir, "distill", "teacher_outputs", "chunk-000000.safetensors")
+    with open(path, "rb") as f:
+        data = f.read()
+    tensors = load(data)
+    meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    tensors["values"] = tensors["values"].flip(1).contiguous()
+    meta["sha256"] = json.dumps({k: tensor_sha256(v) for k, v in tensors.items()}, sort_keys=True)
+    with open(path, "wb") as f:
+        f.write(serialize(tensors, meta))
+    return ["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", run_dir, "--stages", "distill", "--force"]
+
+
+# -- unsafe ------------------------------------------------------------------------------------------------------
+
+@case("unsafe", "export.json's verdict file `../../../elsewhere/evil.onnx`: `compress predict`", "export/", 2,
+      "tests/deploy/test_export_report.py")
+def verdict_outside(w):
+    run_dir = copy_run(w, "r_evil")
+    os.makedirs(os.path.join(w, "elsewhere"), exist_ok=True)
+    shutil.copy(os.path.join(run_dir, "export", "model.int8.onnx"), os.path.join(w, "elsewhere", "evil.onnx"))
+    edit_json(os.path.join(run_dir, "export", "export.json"),
+              lambda d: {**d, "verdict": {**d["verdict"], "file": "../../../elsewhere/evil.onnx"}})
+    return ["predict", run_dir, os.path.join(w, "digit.png")]
+
+
+@case("unsafe", "export.json's verdict file `/etc/passwd`: `compress predict`", "export/", 2,
+      "tests/deploy/test_export_report.py")
+def verdict_passwd(w):
+    run_dir = copy_run(w, "r_passwd")
+    edit_json(os.path.join(run_dir, "export", "export.json"),
+              lambda d: {**d, "verdict": {**d["verdict"], "file": "/etc/passwd"}})
+    return ["predict", run_dir, os.path.join(w, "digit.png")]
+
+
+@case("unsafe", "terminal escapes in export.json's `why`: `compress show`", "deploy export/", 0,
+      "tests/test_fileio.py")
+def escapes_why(w):
+    run_dir = copy_run(w, "r_esc")
+    edit_json(os.path.join(run_dir, "export", "export.json"),
+              lambda d: {**d, "verdict": {**d["verdict"], "why": "\x1b]0;owned\x07\x1b[2J cleared"}})
+    return ["show", run_dir]
+
+
+@case("unsafe", "a class folder named with an escape sequence", "classes", 0, "tests/test_fileio.py")
+def escapes_class(w):
+    root = photos_tree(os.path.join(w, "photos_esc"), classes=("cat", "\x1b[31mred"))
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_escc"), "--stages", "teacher", "--set", f"data.root={root}",
+            "--set", "teacher.epochs=1", "--dry-run"]
+
+
+# -- "unexpected ..." where one sentence was due -----------------------------------------------------------------
+
+@case("one sentence", "report.md is a folder: `compress report`", "report.md", 2, "tests/test_fileio.py")
+def output_is_folder(w):
+    run_dir = copy_run(w, "r_folder")
+    os.remove(os.path.join(run_dir, "report.md"))
+    os.mkdir(os.path.join(run_dir, "report.md"))
+    return ["report", run_dir]
+
+
+@case("one sentence", "export.json is a list: `compress predict`", "export.json", 2,
+      "tests/deploy/test_export_report.py")
+def export_list(w):
+    run_dir = copy_run(w, "r_list")
+    with open(os.path.join(run_dir, "export", "export.json"), "w") as f:
+        json.dump([1, 2], f)
+    return ["predict", run_dir, os.path.join(w, "digit.png")]
+
+
+@case("one sentence", "a verdict without `file`: `compress predict`", "file", 2,
+      "tests/deploy/test_export_report.py")
+def verdict_no_file(w):
+    run_dir = copy_run(w, "r_nofile")
+    edit_json(os.path.join(run_dir, "export", "export.json"),
+              lambda d: {**d, "verdict": {k: v for k, v in d["verdict"].items() if k != "file"}})
+    return ["predict", run_dir, os.path.join(w, "digit.png")]
+
+
+@case("one sentence", "a manifest metric of the wrong type: `compress show`", "not a number", 2,
+      "tests/run/test_rundir.py")
+def metric_type(w):
+    run_dir = copy_run(w, "r_metric")
+
+    def change(m):
+        m["stages"]["teacher"]["metrics"]["val_acc"] = {"not": "a number"}
+        return m
+    edit_json(os.path.join(run_dir, "manifest.json"), change)
+    return ["show", run_dir]
+
+
+@case("one sentence", "store.json claiming 10^12 views", "store.json", 0, "tests/distill/test_store.py")
+def store_views(w):
+    run_dir = copy_run(w, "r_views")
+    edit_json(os.path.join(run_dir, "distill", "teacher_outputs", "store.json"), lambda d: {**d, "views": 10**12})
+    return ["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", run_dir, "--stages", "distill", "--force"]
+
+
+@case("one sentence", "an ONNX resize that disagrees with the graph's input: `compress predict`", "compress.resize",
+      2, "tests/deploy/test_onnx_model.py")
+def onnx_resize(w):
+    import onnx
+
+    proto = onnx.load(os.path.join(w, "base", "export", "model.int8.onnx"))
+    for prop in proto.metadata_props:
+        if prop.key == "compress.resize":
+            prop.value = json.dumps({"shorter_side": 16, "height": 16, "width": 16, "interpolation": "bilinear",
+                                     "antialias": True, "crop": "center"})
+    onnx.save(proto, os.path.join(w, "resized.onnx"))
+    return ["predict", os.path.join(w, "resized.onnx"), os.path.join(w, "digit.png")]
+
+
+# -- messages ----------------------------------------------------------------------------------------------------
+
+@case("message", "a limit out of range (`--set distill.kd.temperature=0`)", "temperature", 2,
+      "tests/run/test_config.py")
+def limit_both_ends(w):
+    return ["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", os.path.join(w, "r_lim"), "--set",
+            "distill.kd.temperature=0", "--dry-run"]
+
+
+@case("message", "a degenerate normalisation (`--set data.std=[0]`)", "data.std", 2, "tests/run/test_config.py")
+def degenerate_std(w):
+    return ["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", os.path.join(w, "r_std"), "--set",
+            "data.std=[0]", "--dry-run"]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default="/tmp/hostile", help="scratch folder (emptied first)")
+    p.add_argument("--json", help="also write the rows here")
+    args = p.parse_args()
+    w = os.path.abspath(args.work)
+    shutil.rmtree(w, ignore_errors=True)
+    os.makedirs(w)
+    with open(os.path.join(w, "tiny.yaml"), "w") as f:
+        f.write(TINY)
+    from PIL import Image
+
+    Image.new("L", (8, 8), 128).save(os.path.join(w, "digit.png"))
+    code, seconds, out = run(["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", os.path.join(w, "base")],
+                             timeout=600)
+    if code != 0:
+        raise SystemExit(f"the base run failed ({code}):\n{out[-2000:]}")
+    rows = []
+    for group, name, expect, want_rc, test, build in CASES:
+        argv = build(w)
+        code, seconds, out = run(argv)
+        lines = [line for line in out.splitlines() if line.strip()]
+        last = lines[-1] if lines else ""
+        raw = any(ch in out for ch in ("\x1b", "\x07"))
+        ok = (code != "hang" and (code == want_rc) and "Traceback" not in out and not raw
+              and expect.lower() in out.lower())
+        shown = next((line for line in lines if expect.lower() in line.lower()), last)
+        rows.append({"group": group, "case": name, "command": "compress " + " ".join(map(str, argv)),
+                     "exit": code, "seconds": round(seconds, 1), "says": shown, "raw_control_chars": raw,
+                     "traceback": "Traceback" in out, "ok": ok, "test": test})
+    print("| class | case | exit | s | what it says now | ok | test |")
+    print("|---|---|---:|---:|---|---|---|")
+    for r in rows:
+        says = r["says"].replace("|", "\\|")[:220]
+        print(f"| {r['group']} | {r['case']} | {r['exit']} | {r['seconds']} | {says} | "
+              f"{'yes' if r['ok'] else '**no**'} | `{r['test']}` |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
