@@ -225,12 +225,14 @@ def strange_entries(root):
 
 
 
-def walk_tree(top, skip=lambda name: False, what=None):
+def walk_tree(top, skip=lambda name: False, what=None, read=None):
     """[(folder, sorted file names)] of `top` and every folder below it, links to folders followed, in os.walk's
     top-down order with names sorted - but each folder read once: folders are known by (st_dev, st_ino), so a
     link back into the tree (`ln -s . loop`), a second link to a folder already read, or a link to a folder
     enclosing `top` adds nothing, and the walk ends whatever the links. `skip(name)` leaves out files and folders
-    by name; `what` ("data.root") names the setting in the warning about a link not followed."""
+    by name; `what` ("data.root") names the setting in the warning about a link not followed. A file whose name
+    `read(name)` says will be read, but that is a pipe, a socket or a device (itself or through a link), is refused
+    naming it: reading it would wait forever (a pipe) or without end (/dev/zero)."""
     top_real = os.path.realpath(top)
     seen, found, stack = set(), [], [top]
     while stack:
@@ -256,6 +258,8 @@ def walk_tree(top, skip=lambda name: False, what=None):
                 is_dir = entry.is_dir()  # through a link too
             except OSError:
                 is_dir = False
+            if not is_dir and read is not None and read(entry.name):
+                _refuse_special(entry, what)
             (below if is_dir else files).append(entry.path if is_dir else entry.name)
         found.append((folder, files))
         stack.extend(reversed(below))
@@ -263,6 +267,22 @@ def walk_tree(top, skip=lambda name: False, what=None):
 
 
 _NOT_FOLLOWED = set()
+
+
+def _refuse_special(entry, what):
+    try:
+        if entry.is_file():  # a regular file, through a link too (the common case: no further stat)
+            return
+        mode = os.stat(entry.path).st_mode
+    except OSError:  # a dangling link: the image checks name it
+        return
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+    via = " through a link" if entry.is_symlink() else ""
+    raise InputError(f"{what or 'folder'}: '{entry.path}' is {kind}{via}, named like an image; reading it would "
+                     "never end - remove it and rerun")
 
 
 def safe_text(text):

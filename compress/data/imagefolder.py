@@ -251,7 +251,7 @@ def class_tree(root, others=None):
 def _walk(top):
     """[(folder, file names)] under `top`, following links, sorted by folder (torchvision's order), without hidden
     or junk folders, each folder once (a link loop, cat/up -> .., adds nothing: `walk_tree`)."""
-    return sorted(walk_tree(top, skip=skipped, what="data.root"))
+    return sorted(walk_tree(top, skip=skipped, what="data.root", read=_is_image_name))
 
 
 def _same_classes(root, train_names, val_names, held_out):
@@ -307,11 +307,15 @@ def _split_overlap(root, train_dir, held_out, train, val):
     return [f"{told}: the validation accuracy counts them, which reads higher than on new photos"]
 
 
+def _is_image_name(name):
+    return name.lower().endswith(imageio.IMAGE_EXTENSIONS)
+
+
 def image_files(root, what="data.unlabeled"):
     """Every image file under `root` (nested folders included, hidden ones skipped, each folder once however links
     loop: `walk_tree`), sorted."""
     found = []
-    for folder, files in walk_tree(root, skip=skipped, what=what):
+    for folder, files in walk_tree(root, skip=skipped, what=what, read=_is_image_name):
         prefix = os.path.join(folder, "")
         found.extend(prefix + f for f in files if f.lower().endswith(imageio.IMAGE_EXTENSIONS))
     return found

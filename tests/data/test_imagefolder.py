@@ -314,6 +314,25 @@ def test_a_self_linked_unlabelled_folder_is_listed_once_in_seconds(photos, tmp_p
     assert len(image_files(str(unlabeled))) == 5  # each image once
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("kind", ["pipe", "link to /dev/zero"])
+def test_a_pipe_or_a_device_among_the_images_is_one_sentence_not_a_hang(photos, tmp_path, kind):
+    """A FIFO named like an image blocked the images' fingerprint forever (even --dry-run; SIGTERM retried the
+    open), and a link to /dev/zero was read until the kernel killed the process: both are refused, naming the file."""
+    root, _ = photos
+    odd = root / "train" / "cat" / "odd.jpg"
+    if kind == "pipe":
+        os.mkfifo(odd)
+    else:
+        os.symlink("/dev/zero", odd)
+    proc = plan(root, tmp_path / "run")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    said = "a pipe" if kind == "pipe" else "a device through a link"
+    assert f"data.root: '{odd}' is {said}, named like an image; reading it would never end - remove it and " \
+        "rerun" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_a_class_folder_linked_to_itself_counts_each_image_once(photos, tmp_path):
     from compress.data.imagefolder import class_tree
 
