@@ -562,6 +562,7 @@ def _named_by_origin(problems, path, set_keys):
 
 
 MAX_YAML_BYTES = 16 * 2**20  # a config is kilobytes
+MAX_YAML_DEPTH = 32  # levels of nesting: a config nests 3 or 4
 MAX_YAML_VALUES = 100_000  # values in the tree once aliases are expanded: a config holds a few hundred
 
 
@@ -598,9 +599,16 @@ def parse_yaml(text, source=None):
     expand it beyond MAX_YAML_VALUES values (nine levels of nine aliases are 387 million, which every later walk
     of the config would visit) nor refer to themselves, and no mapping may hold a key twice. Each check visits
     each distinct node once, so it costs the size of the text, not of the expansion."""
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    deep = ConfigError([f"its values nest more than {MAX_YAML_DEPTH} levels deep (a config nests 3 or 4); write "
+                        "them out flat"], source=source)
+    try:  # PyYAML composes recursively: thousands of nested brackets exhaust Python's stack
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise deep from None
     if root is None:
         return None
+    if _depth(root) > MAX_YAML_DEPTH:  # every later walk of the config recurses too
+        raise deep
     size = _expanded_size(root, source)
     if size > MAX_YAML_VALUES:
         raise ConfigError([f"its YAML aliases (*name) expand to more than {MAX_YAML_VALUES:,} values (a config holds "
@@ -615,6 +623,19 @@ def _children(node):
     if isinstance(node, yaml.SequenceNode):
         return list(node.value)
     return []
+
+
+def _depth(root):
+    """How deeply the node tree nests (each distinct node once; aliases were bounded by the caller)."""
+    deepest, seen, stack = 0, set(), [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        deepest = max(deepest, depth)
+        stack.extend((c, depth + 1) for c in _children(node))
+    return deepest
 
 
 def _expanded_size(root, source):

@@ -397,6 +397,21 @@ def test_a_yaml_alias_bomb_is_refused_before_any_walk(tmp_path, run_copy):
         k: v for k, v in before.items() if k != "config.yaml"}
 
 
+@pytest.mark.parametrize("levels", [40, 3000])
+def test_deeply_nested_yaml_is_one_sentence_not_a_recursion_error(tmp_path, levels):
+    """Thousands of nested brackets exhausted Python's stack in PyYAML ("unexpected RecursionError", naming no file);
+    any nesting beyond what a config has is refused naming the file or the --set key."""
+    nested = "[" * levels + "]" * levels
+    path = tmp_path / "deep.yaml"
+    path.write_text(f"data:\n  mean: {nested}\n")
+    result = invoke("config", "-c", path)
+    assert result.exit_code == 2 and f"config error in {path}: its values nest more than 32 levels deep" in \
+        result.stderr, result.stderr
+    result = invoke("config", "--set", f"data.mean={nested}")
+    assert result.exit_code == 2 and "config error in --set data.mean: its values nest more than 32 levels deep" in \
+        result.stderr, result.stderr
+
+
 def test_yaml_anchors_of_a_normal_config_still_work(tmp_path):
     path = tmp_path / "anchors.yaml"
     path.write_text("teacher: {lr: &lr 0.2, epochs: 1}\ndistill: {lr: *lr}\n")
