@@ -9,7 +9,8 @@ import numpy as np
 
 from compress.deploy import export_report
 from compress.deploy.folders import class_folders, skipped, split_folders
-from compress.deploy.imageio import IMAGE_EXTENSIONS
+from compress.deploy.imageio import IMAGE_EXTENSIONS, printable
+from compress.deploy.onnx_model import fixed_batch_error
 from compress.errors import InputError
 from compress.fileio import walk_tree
 
@@ -78,6 +79,7 @@ def predict_files(model, paths, top_k=3, chunk=64):
     """Yield (path, [(class, probability)...] or None, error or None) for each image; an unreadable one is
     reported and skipped, the others still classified."""
     names = model.class_names()
+    _check_batches(model)
     for start in range(0, len(paths), chunk):
         batch, errors = [], {}
         for path in paths[start:start + chunk]:
@@ -85,7 +87,8 @@ def predict_files(model, paths, top_k=3, chunk=64):
                 batch.append(model.preprocess([path])[0])
             except InputError as e:
                 errors[path] = str(e)
-        probs = iter(_softmax(model(np.stack(batch))) if batch else [])
+        read = [path for path in paths[start:start + chunk] if path not in errors]
+        probs = iter(_softmax(_finite(model, model.scores(np.stack(batch)), read)) if batch else [])
         for path in paths[start:start + chunk]:  # in the order given, unreadable ones in their place
             if path in errors:
                 yield path, None, errors[path]
@@ -163,6 +166,7 @@ def evaluate_tree(model, samples, chunk=256):
     confusion = np.zeros((n, n), dtype=np.int64)
     top5 = count = 0
     skipped = []
+    _check_batches(model)
     for start in range(0, len(samples), chunk):
         batch, labels = [], []
         for path, label in samples[start:start + chunk]:
@@ -173,7 +177,7 @@ def evaluate_tree(model, samples, chunk=256):
                 skipped.append((path, str(e)))
         if not batch:
             continue
-        logits = model(np.stack(batch))
+        logits = _finite(model, model.scores(np.stack(batch)))
         picked = logits.argmax(1)
         best5 = np.argsort(-logits, axis=1)[:, :5]
         for label, pick, five in zip(labels, picked, best5):
@@ -213,6 +217,23 @@ def confusion_png(result, class_names, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _check_batches(model):
+    """An InputError now, before any output, for a file that takes a fixed batch of several images: predict and
+    eval feed batches of any size (a fixed batch of one is run an image at a time, OnnxModel.scores)."""
+    if model.fixed_batch not in (None, 1):
+        raise fixed_batch_error(model.path, model.fixed_batch, "compress feeds batches of any size")
+
+
+def _finite(model, logits, paths=None):
+    """`logits`, or an InputError naming the file for NaN or inf scores (and the first image of `paths` given
+    them): no class is the answer then, and argmax would say class 0."""
+    bad = ~np.isfinite(logits).all(axis=tuple(range(1, logits.ndim)))
+    if bad.any():
+        which = f"'{printable(paths[int(bad.argmax())], 300)}'" if paths else "the validation images"
+        raise InputError(f"'{model.path}' gives non-finite scores (NaN or inf) for {which}; re-export the model")
+    return logits
 
 
 def _softmax(logits):

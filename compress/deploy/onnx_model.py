@@ -58,6 +58,25 @@ def _tensors(graph):
                 yield from _tensors(sub)
 
 
+def batch_of(path, model_proto):
+    """The fixed batch size of the file's one input, None where its batch dimension is dynamic; an InputError
+    naming the file for a graph that takes anything but one input (compress feeds it one image batch)."""
+    weights = {t.name for t in model_proto.graph.initializer}  # older files list their weights as inputs too
+    inputs = [i for i in model_proto.graph.input if i.name not in weights]
+    if len(inputs) != 1:
+        names = ", ".join(printable(i.name, 40) for i in inputs[:4]) + (", ..." if len(inputs) > 4 else "")
+        raise InputError(f"'{path}' has {len(inputs)} inputs{f' ({names})' if names else ''}; compress feeds one "
+                         "image batch")
+    dims = inputs[0].type.tensor_type.shape.dim
+    return dims[0].dim_value if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0 else None
+
+
+def fixed_batch_error(path, batch, fed):
+    """The InputError for a file that takes a fixed batch of `batch` images, fed batches `fed` (words)."""
+    return InputError(f"'{path}' takes a fixed batch of {batch} image{'s' if batch > 1 else ''}, but {fed}; export "
+                      "it with a dynamic batch dimension")
+
+
 def metadata_of(model_proto):
     meta = {}
     for prop in model_proto.metadata_props:
@@ -65,8 +84,8 @@ def metadata_of(model_proto):
             key = prop.key[len(META_PREFIX):]
             try:
                 meta[key] = json.loads(prop.value)
-            except json.JSONDecodeError:
-                meta[key] = prop.value
+            except (ValueError, RecursionError):  # not JSON, or nested too deep to parse: kept as text, which
+                meta[key] = prop.value  # OnnxModel refuses where a value is needed ("... re-export the model")
     return meta
 
 
@@ -83,7 +102,8 @@ class OnnxModel:
             raise InputError(f"'{path}' has no compress metadata for {', '.join(missing)}: it cannot be preprocessed "
                              "without them; export it with `compress run --stages export`")
         options = ort.SessionOptions()
-        options.log_severity_level = 3
+        options.log_severity_level = 4  # fatal only: a node failing at run time is logged (in colour) as an error,
+        # and compress says it in a sentence of its own (__call__)
         # The pool's threads spin within a call and sleep when it returns: left spinning, they hold the cores that
         # the next call of another session (the files a latency table times in turns) or our own preprocessing
         # needs. Ten tables of one run's fp32, QAT and PTQ int8 files (the two int8 graphs op-for-op identical),
@@ -96,6 +116,7 @@ class OnnxModel:
             self.session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
             raise InputError(f"onnxruntime cannot load '{path}' ({str(e).splitlines()[0][:200]})") from None
+        self.fixed_batch = batch_of(path, proto)
         self.input_name = self.session.get_inputs()[0].name
         if require_metadata:
             self._check_metadata()
@@ -155,7 +176,20 @@ class OnnxModel:
         return dims
 
     def __call__(self, batch):
-        return self.session.run(None, {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)})[0]
+        try:
+            return self.session.run(None, {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)})[0]
+        except _run_errors() as e:  # a node failing on these inputs (the file loaded): one sentence naming it
+            first = (str(e).splitlines() or [""])[0]
+            raise InputError(f"onnxruntime failed to run '{self.path}': {printable(first, 300)}") from None
+
+    def scores(self, batch):
+        """The outputs for a batch of any size, as predict and eval feed it: a file that takes a fixed batch of
+        one image is run an image at a time; one of several images is refused."""
+        if self.fixed_batch is None or self.fixed_batch == len(batch):
+            return self(batch)
+        if self.fixed_batch == 1:
+            return np.concatenate([self(batch[i:i + 1]) for i in range(len(batch))])
+        raise fixed_batch_error(self.path, self.fixed_batch, "compress feeds batches of any size")
 
     @property
     def resize(self):
@@ -175,6 +209,13 @@ class OnnxModel:
         return [printable(n) for n in self.meta["class_names"]]
 
 
+def _run_errors():
+    """The types onnxruntime raises when a loaded file fails to run (looked up only once one is raised)."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, RuntimeException
+
+    return Fail, InvalidArgument, RuntimeException
+
+
 def optimized_op_types(path):
     """Op counts of the graph onnxruntime actually runs (after its QDQ fusions), to prove int8 kernels."""
     import tempfile
@@ -184,7 +225,7 @@ def optimized_op_types(path):
 
     with tempfile.TemporaryDirectory() as tmp:
         options = ort.SessionOptions()
-        options.log_severity_level = 3
+        options.log_severity_level = 4  # fatal only, as OnnxModel's
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
         ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])

@@ -1,0 +1,121 @@
+"""ONNX files built to break predict, eval and bench (compress.deploy.onnx_model): each is refused in one sentence
+that names the file, exit code 2, with no traceback and no onnxruntime log on the terminal. The files are small
+graphs written with the onnx package, carrying the metadata an export writes."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from PIL import Image
+
+from conftest import compress_subprocess, invoke
+
+META = {"class_names": [str(i) for i in range(10)], "input_shape": [1, 8, 8], "channel_order": "gray",
+        "mean": [0.5], "std": [0.25]}
+BENCH = ("--threads", "1", "--repeats", "2", "--warmup", "0")
+
+
+def classifier(path, batch="N", extra_input=False, bias=0.0, reshape=64, meta=None):
+    """An 8x8 grayscale, 10-class ONNX file: reshape to (-1, `reshape`), back to (-1, 64), a MatMul and a bias of
+    `bias` (NaN or inf for non-finite scores); a `reshape` that does not divide 64 fails in onnxruntime only when
+    run. `batch` is the inputs' first dimension, `meta` replaces compress.* values (raw strings)."""
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 1, 8, 8])
+    inputs = [x] + ([helper.make_tensor_value_info("extra", TensorProto.FLOAT, [batch, 3])] if extra_input else [])
+    weights = [numpy_helper.from_array(np.array([-1, reshape], np.int64), "to"),
+               numpy_helper.from_array(np.array([-1, 64], np.int64), "back"),
+               numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 10)).astype(np.float32), "w"),
+               numpy_helper.from_array(np.full((10,), bias, np.float32), "b")]
+    nodes = [helper.make_node("Reshape", ["input", "to"], ["r"]), helper.make_node("Reshape", ["r", "back"], ["flat"]),
+             helper.make_node("MatMul", ["flat", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["logits"])]
+    graph = helper.make_graph(nodes, "classifier", inputs,
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 10])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    for key, value in {**{k: json.dumps(v) for k, v in META.items()}, **(meta or {})}.items():
+        prop = model.metadata_props.add()
+        prop.key, prop.value = f"compress.{key}", value
+    onnx.save(model, path)
+    return path
+
+
+@pytest.fixture
+def images(tmp_path):
+    """Two labelled 8x8 images, tmp_path/val/<class>/<image>: (the two files, their folder tree)."""
+    paths = []
+    for label, grey in (("0", 40), ("1", 200)):
+        (tmp_path / "val" / label).mkdir(parents=True)
+        paths.append(tmp_path / "val" / label / "a.png")
+        Image.new("L", (8, 8), grey).save(paths[-1])
+    return paths, tmp_path / "val"
+
+
+def refused(result, *words):
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("error:") == 1, result.stderr
+    for w in words:
+        assert w in result.stderr, result.stderr
+    assert "unexpected" not in result.output and "Traceback" not in result.output, result.output
+
+
+def test_deeply_nested_metadata_is_refused_like_other_bad_metadata(tmp_path, images):
+    """A JSON value nested 100,000 deep in the metadata is malformed metadata, not a RecursionError."""
+    paths, tree = images
+    model = classifier(tmp_path / "deep.onnx", meta={"class_names": "[" * 100_000 + "]" * 100_000})
+    for args in (["predict", model, *paths], ["eval", model, tree]):
+        refused(invoke(*args), f"'{model}' metadata compress.class_names", "re-export the model")
+
+
+def test_a_second_graph_input_is_refused_up_front(tmp_path, images):
+    paths, tree = images
+    model = classifier(tmp_path / "extra.onnx", extra_input=True)
+    for args in (["predict", model, *paths], ["eval", model, tree], ["bench", model, "--batch", "1", *BENCH]):
+        refused(invoke(*args), f"'{model}' has 2 inputs (input, extra); compress feeds one image batch")
+
+
+def test_a_fixed_batch_of_one_is_run_an_image_at_a_time_and_refused_by_bench_at_larger_batches(tmp_path, images):
+    paths, tree = images
+    model = classifier(tmp_path / "fixed.onnx", batch=1)
+    dynamic = classifier(tmp_path / "dynamic.onnx")
+    result = invoke("predict", model, *paths)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == invoke("predict", dynamic, *paths).stdout.replace("dynamic.onnx", "fixed.onnx")
+    result = invoke("eval", model, tree, "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["images"] == 2, result.output
+    refused(invoke("bench", model, "--batch", "1,8", *BENCH),
+            f"'{model}' takes a fixed batch of 1 image, but it is timed at batch sizes 1, 8; export it with a "
+            "dynamic batch dimension")
+    assert invoke("bench", model, "--batch", "1", *BENCH).exit_code == 0
+
+
+def test_a_fixed_batch_of_several_is_refused_by_predict_and_eval(tmp_path, images):
+    paths, tree = images
+    model = classifier(tmp_path / "fixed8.onnx", batch=8)
+    for args in (["predict", model, *paths], ["eval", model, tree]):
+        refused(invoke(*args), f"'{model}' takes a fixed batch of 8 images, but compress feeds batches of any size; "
+                               "export it with a dynamic batch dimension")
+
+
+def test_a_node_that_fails_at_run_time_is_one_sentence_without_onnxruntime_s_log(tmp_path, images):
+    """onnxruntime loads the file and fails only when a node runs: its own coloured log line stays off the
+    terminal, and its message comes as one sentence naming the file."""
+    paths, tree = images
+    model = classifier(tmp_path / "fails.onnx", reshape=63)
+    proc = compress_subprocess("predict", model, *paths, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"error: onnxruntime failed to run '{model}': "), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "\x1b" not in proc.stderr, proc.stderr
+    for args in (["eval", model, tree], ["bench", model, "--batch", "1", *BENCH]):
+        refused(invoke(*args), f"onnxruntime failed to run '{model}': ")
+
+
+@pytest.mark.parametrize("bias", [float("nan"), float("inf")])
+def test_non_finite_scores_are_refused(tmp_path, images, bias):
+    paths, tree = images
+    model = classifier(tmp_path / "nan.onnx", bias=bias)
+    result = invoke("predict", model, *paths)
+    refused(result, f"'{model}' gives non-finite scores (NaN or inf) for '{paths[0]}'; re-export the model")
+    assert "RuntimeWarning" not in result.output and "nan%" not in result.output, result.output
+    refused(invoke("eval", model, tree),
+            f"'{model}' gives non-finite scores (NaN or inf) for the validation images; re-export the model")
