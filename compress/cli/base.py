@@ -115,8 +115,21 @@ class CompressGroup(click.Group):
 
 def echo(text="", **kwargs):
     """click.echo of `text` made safe for a terminal (`safe_text`): what the CLI prints carries file, folder and class
-    names, and messages read from files."""
-    click.echo(safe_text(text), **kwargs)
+    names, and messages read from files. Standard output that cannot take it (closed, a full disk) is an error that
+    says so; a reader that left (`| head`) stays the BrokenPipeError CompressGroup ends quietly on."""
+    if kwargs.get("err") or kwargs.get("file") is not None:
+        click.echo(safe_text(text), **kwargs)
+        return
+    if sys.stdout is None:  # `>&-`: click.echo would print nothing, and the command would seem to have worked
+        raise CompressError("cannot write to standard output (it is closed); run the command with its output open "
+                            "- to a terminal, a file, or > /dev/null to discard it")
+    try:
+        click.echo(safe_text(text), **kwargs)
+    except BrokenPipeError:
+        raise
+    except OSError as e:  # not a file of the run directory's: name standard output, not a --run-dir
+        raise CompressError(f"cannot write to standard output ({e.strerror or e.__class__.__name__}); send it where it "
+                            "can be written - another file or disk, or > /dev/null to discard it") from None
 
 
 def _is_peer_loss(e):

@@ -39,8 +39,10 @@ def _model(path):
 
 def _warn_if_unverified(run_dir, *files):
     """Say when a run's deployed file is not what a finished export verified: export ran again upstream (stale),
-    failed its checks, the file was changed after export wrote it, or the manifest that would tell cannot be read.
-    Only warnings: a folder without a readable manifest still serves its files."""
+    failed its checks, the file - or export.json, whose verdict chose it - was changed after export wrote it, or
+    the manifest that would tell cannot be read. Only warnings: a folder without a readable manifest still serves
+    its files."""
+    from compress.deploy import export_report
     from compress.errors import CompressError
     from compress.run.rundir import RunDir, lock_holder
     from compress.run.state import files_changed, stage_states
@@ -52,6 +54,8 @@ def _warn_if_unverified(run_dir, *files):
         recorded = (run.manifest()["stages"].get("export") or {}).get("outputs", {})
         changed = files_changed(run, recorded, [os.path.relpath(f, run_dir).replace(os.sep, "/") for f in files
                                                 if os.path.isfile(f)])  # a missing one: its own error follows
+        report = f"export/{export_report.FILE}"
+        edited = files_changed(run, recorded, [report])  # the verdict that named these files
     except CompressError as e:
         echo(f"warning: {e} - so {', '.join(os.path.basename(f) for f in files)} cannot be checked against what "
              "export verified", err=True)
@@ -69,9 +73,14 @@ def _warn_if_unverified(run_dir, *files):
     elif state != "complete":  # interrupted or killed part-way: some files may be rewritten, others older
         echo(f"warning: the last export did not finish ({state}): its files may be partly from an earlier "
                    f"export; {fix}", err=True)
-    elif changed:
-        echo(f"warning: {' and '.join(changed)} changed after export wrote and checked "
-                   f"{'them' if len(changed) > 1 else 'it'}; {fix}", err=True)
+    else:
+        if edited:  # its verdict may name any file, for any reason: nothing export weighed
+            echo(f"warning: {report} changed after export wrote it: its verdict "
+                 f"({', '.join(os.path.basename(f) for f in files)}) is not verified; rerun `compress run --run-dir "
+                 f"{run_dir} --stages export --force` to have export weigh the files and write it again", err=True)
+        if changed:
+            echo(f"warning: {' and '.join(changed)} changed after export wrote and checked "
+                 f"{'them' if len(changed) > 1 else 'it'}; {fix}", err=True)
 
 
 def _warn_if_training_images(model, root):

@@ -63,15 +63,16 @@ def show(run_dir):
             echo("         " + ", ".join(f"{k} {_short(v)}" for k, v in list(shown.items())[:6]))
         for rel, sha in (entry.get("outputs") or {}).items():
             echo(f"         {file_check(run, rel, sha):10} {rel}")
-    _show_results(run, STAGES, states)
+    _show_results(run, STAGES, states, manifest)
 
 
-def _show_results(run, stages, states):
+def _show_results(run, stages, states, manifest):
     """Every artifact's accuracy, size and latency (the report's rows: the student alone and PTQ among them),
-    and the export verdict - or what keeps it from being read."""
+    and the export verdict - or what keeps it from being read, or that export.json changed since export wrote it."""
     from compress.deploy import export_report
     from compress.errors import CompressError
     from compress.run.report import build_rows, text_table
+    from compress.run.state import files_changed
 
     rows, notes = build_rows(run, stages)
     if rows:
@@ -90,7 +91,11 @@ def _show_results(run, stages, states):
     except CompressError as error:
         echo(f"deploy: cannot tell - {error}")
         return
-    said = "deploy" if state == "complete" else f"deploy (the verdict of an export now {state})"
+    why = [] if state == "complete" else [f"the verdict of an export now {state}"]
+    recorded = (manifest["stages"].get("export") or {}).get("outputs", {})
+    if files_changed(run, recorded, [f"export/{export_report.FILE}"]):  # its verdict is no longer export's own
+        why.append("from an export.json changed since export wrote it")
+    said = f"deploy ({', '.join(why)})" if why else "deploy"
     echo(f"{said} export/{verdict.file}: {verdict.why}")
 
 

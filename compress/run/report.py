@@ -9,13 +9,15 @@ latency, timed by export) is shown only while the file it was measured on is sti
 
 import logging
 import os
+import re
 
 from compress.errors import CompressError
 from compress.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("artifact", "file", "params", "size_bytes", "val_acc", "latency_b1_ms", "latency_b64_ms")
+# latency_b64_ms: the largest batch timed, whatever it is - the batch size itself is in latency_batch
+COLUMNS = ("artifact", "file", "params", "size_bytes", "val_acc", "latency_b1_ms", "latency_b64_ms", "latency_batch")
 
 
 def evaluated_in(metrics):
@@ -54,6 +56,10 @@ def build_rows(run, stages):
                          f"rerun it with --stages {name} --force")
             continue
         changed = files_changed(run, entry.get("outputs", {}), [r["file"] for r in produced if r.get("file")])
+        batch = _largest_batch_timed(entry.get("metrics") or {})
+        for row in produced:
+            if batch and row.get("latency_b64_ms") is not None:
+                row["latency_batch"] = batch
         if state != "complete":
             notes.append(f"{name} is stale ({detail}): its rows are marked; `compress run` brings it up to date")
         elif changed:
@@ -75,6 +81,24 @@ def build_rows(run, stages):
     return [r for r in rows.values() if "artifact" in r and r["artifact"]], notes
 
 
+_CELL = re.compile(r"b(\d+)_t\d+")  # a latency cell's key in a stage's metrics: batch and threads
+
+
+def _largest_batch_timed(metrics):
+    """The largest batch size a stage timed (its metrics' latency_ms: {file: {"b<batch>_t<threads>": ms}}), which
+    its rows' latency_b64_ms is of; None when it timed none."""
+    batches = [int(m.group(1)) for cells in (metrics.get("latency_ms") or {}).values() if isinstance(cells, dict)
+               for m in map(_CELL.fullmatch, cells) if m]
+    return max(batches, default=None)
+
+
+def latency_batch(rows):
+    """The batch size of the rows' second latency column (the largest timed): 8 for export.latency_batch_sizes
+    [1, 8]; None when no row says (no latency figures)."""
+    batches = {r["latency_batch"] for r in rows if r.get("latency_batch")}
+    return max(batches) if batches else None
+
+
 def _with_note(artifact, note):
     """'teacher (PyTorch fp32)' + note -> 'teacher (PyTorch fp32; note)'."""
     return f"{artifact[:-1]}; {note})" if artifact.endswith(")") else f"{artifact} ({note})"
@@ -88,7 +112,9 @@ def _still_current(rel, entry, manifest, states):
 
 
 def markdown_table(rows):
-    lines = ["| artifact | params | size | val acc | latency b1 | latency b64 |", "|---|---:|---:|---:|---:|---:|"]
+    big = latency_batch(rows)
+    lines = [f"| artifact | params | size | val acc | latency b1 | latency {f'b{big}' if big else 'largest batch'} |",
+             "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         name = r["artifact"] + ("" if r.get("current", True) else " *(stale)*") + (" **- deploy**" if r.get("ship")
                                                                                     else "")
@@ -101,7 +127,8 @@ def markdown_table(rows):
 def text_table(rows):
     """The rows as aligned text lines for a terminal (`compress show`): artifact, accuracy, size, latencies."""
     width = max([len(r["artifact"]) + (9 if r.get("ship") else 0) for r in rows] + [8])
-    lines = [f"{'artifact':{width}}  {'val acc':>8} {'size':>9} {'b1':>10} {'b64':>10}"]
+    big = latency_batch(rows)
+    lines = [f"{'artifact':{width}}  {'val acc':>8} {'size':>9} {'b1':>10} {f'b{big}' if big else 'b largest':>10}"]
     for r in rows:
         name = r["artifact"] + (" - deploy" if r.get("ship") else "") + ("" if r.get("current", True) else " (stale)")
         lines.append(f"{name:{width}}  {_fmt(r['val_acc'], '{:.2f}%'):>8} {_fmt_size(r['size_bytes']):>9} "
@@ -144,7 +171,7 @@ def write_report(run, stages):
 
 
 def plot(rows, path):
-    """Accuracy against size and against batch-64 latency, as a PNG (headless matplotlib)."""
+    """Accuracy against size and against the largest batch's latency, as a PNG (headless matplotlib)."""
     import io
 
     import matplotlib
@@ -160,7 +187,7 @@ def plot(rows, path):
 
 
 def figure(rows):
-    """The report's figure: accuracy against file size and against batch-64 latency, both on log axes with a
+    """The report's figure: accuracy against file size and against largest-batch latency, both on log axes with a
     labelled tick every 1-2-5 step (finer over a narrow range). Every artifact has its own marker and colour,
     named in one legend below the plots (labels beside points overlapped whenever two points were close); the
     file to deploy is ringed and named so; the teacher's latency is that of its fp32 ONNX export, and says so."""
@@ -170,9 +197,11 @@ def figure(rows):
     rows = [r for r in rows if r["val_acc"] is not None and (r["size_bytes"] is not None or  # drawn in a plot:
                                                               r["latency_b64_ms"] is not None)]  # in the legend
     style = {r["artifact"]: (f"C{i % 10}", markers[i % len(markers)]) for i, r in enumerate(rows)}
+    big = latency_batch(rows)
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
     for ax, key, label in ((axes[0], "size_bytes", "file size (KB, log scale)"),
-                           (axes[1], "latency_b64_ms", "latency, batch 64, most threads timed (ms, log scale)")):
+                           (axes[1], "latency_b64_ms", f"latency, {f'batch {big}' if big else 'largest batch'}, most "
+                                                       "threads timed (ms, log scale)")):
         xs, ys = [], []
         for r in rows:
             if r[key] is None or r["val_acc"] is None:

@@ -1,12 +1,17 @@
 """The command group (compress.cli.base): the command dict is the CLI, every --help teaches with an example,
---version in-process and from the installed script, and library warnings kept to the run's log."""
+--version in-process and from the installed script, library warnings kept to the run's log, and a standard output
+that cannot be written said in one line."""
 
+import os
+import shutil
+import subprocess
+import sys
 import textwrap
 
 import pytest
 
 from compress import __version__, cli
-from conftest import compress_subprocess, invoke
+from conftest import compress_subprocess, invoke, write_val_pngs
 
 
 def test_command_dict_matches_the_cli():
@@ -57,3 +62,49 @@ def test_library_warnings_go_to_the_runs_log_not_the_terminal(tmp_path, tiny_con
     assert "noisy library warning" in (tmp_path / "quiet" / "log.txt").read_text()
     loud = compress_subprocess(*args, "--run-dir", tmp_path / "loud", "-v", cwd=tmp_path)
     assert "noisy library warning" in loud.stderr
+
+
+def _with_stdout(stdout, *args):
+    """The installed script with its standard output `stdout`: a file object, or None for a closed one (`>&-`)."""
+    exe = shutil.which("compress") or os.path.join(os.path.dirname(sys.executable), "compress")
+    if stdout is None:
+        return subprocess.run(["bash", "-c", 'exec "$@" >&-', "bash", exe, *map(str, args)], stderr=subprocess.PIPE,
+                              text=True, timeout=180)
+    return subprocess.run([exe, *map(str, args)], stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=180)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("command", [("models",), ("config",)])
+def test_standard_output_that_cannot_be_written_is_one_line_naming_it(command):
+    """Output to a full disk (/dev/full) or a closed standard output (`>&-`): one line that says standard output, not
+    a run directory, and a non-zero exit; a reader that left (`| head`) is no error, and nothing is said."""
+    with open("/dev/full", "w") as full:
+        result = _with_stdout(full, *command)
+    assert result.returncode != 0 and result.stderr.startswith("error: cannot write to standard output ("), \
+        result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "--run-dir" not in result.stderr and "Traceback" not in \
+        result.stderr
+    closed = _with_stdout(None, *command)
+    assert closed.returncode != 0 and closed.stderr.startswith("error: cannot write to standard output ("), \
+        closed.stderr
+    assert len(closed.stderr.splitlines()) == 1
+    read, write = os.pipe()
+    os.close(read)  # the reader left before the first line
+    with os.fdopen(write, "w") as gone:
+        piped = _with_stdout(gone, *command)
+    assert piped.returncode == 0 and piped.stderr == ""
+
+
+def test_show_and_predict_say_standard_output_cannot_be_written(finished_run, tmp_path):
+    """`compress show RUN > /dev/full` and `compress predict RUN img >&-`: one line naming standard output, a
+    non-zero exit; never silence with exit 0, nor a full disk blamed on the run directory."""
+    paths, _ = write_val_pngs(tmp_path, count=1)
+    for command in (("show", finished_run), ("predict", finished_run, *paths)):
+        with open("/dev/full", "w") as full:
+            result = _with_stdout(full, *command)
+        closed = _with_stdout(None, *command)
+        for run in (result, closed):
+            assert run.returncode != 0, (command, run.stderr)
+            assert "error: cannot write to standard output (" in run.stderr and "--run-dir" not in run.stderr, \
+                run.stderr
+            assert "Traceback" not in run.stderr

@@ -61,6 +61,28 @@ def test_predict_on_a_run_whose_export_is_stale_says_so(run_copy, tmp_path):
             "verified") in unreadable.stderr
 
 
+def test_predict_and_eval_warn_of_an_export_json_changed_by_hand(run_copy, tmp_path):
+    """A verdict edited after export wrote export.json (another file named, another reason) is still served, but
+    predict and eval say in one line that it is not verified and how to have export write it again."""
+    paths, _ = write_val_pngs(tmp_path, count=1)
+    export = run_copy / "export"
+    (export / "other.onnx").write_bytes((export / "model.fp32.onnx").read_bytes())
+    report = json.loads((export / "export.json").read_text())
+    report["verdict"].update(file="other.onnx", why="all good")
+    (export / "export.json").write_text(json.dumps(report))
+    warning = ("warning: export/export.json changed after export wrote it: its verdict (other.onnx) is not verified; "
+               f"rerun `compress run --run-dir {run_copy} --stages export --force`")
+    predicted = invoke("predict", run_copy, *paths)
+    assert predicted.exit_code == 0, predicted.output
+    assert "using other.onnx, as export recommends: all good" in predicted.stderr
+    assert warning in predicted.stderr and predicted.stderr.count("warning") == 1, predicted.stderr
+    (tmp_path / "val" / "0").mkdir(parents=True)
+    (tmp_path / "val" / "0" / "a.png").write_bytes((tmp_path / "val0.png").read_bytes())
+    evaluated = invoke("eval", run_copy, tmp_path / "val")
+    assert evaluated.exit_code == 0, evaluated.output
+    assert warning in evaluated.stderr and evaluated.stderr.count("warning") == 1, evaluated.stderr
+
+
 def test_predict_and_bench_from_the_installed_script(finished_run, tmp_path):
     paths, _ = write_val_pngs(tmp_path, count=2)
     model = finished_run / "export" / "model.int8.onnx"

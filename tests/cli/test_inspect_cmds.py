@@ -41,3 +41,18 @@ def test_show_names_the_verdict_the_student_alone_and_the_ptq_file(finished_run)
     row = {"model.int8.onnx": "int8 ONNX (", "model.ptq.onnx": "int8 ONNX, post-training quantized",
            "model.fp32.onnx": "fp32 ONNX"}[verdict["file"]]  # whichever the verdict named (timings decide)
     assert len(deployed) == 1 and deployed[0].strip().startswith(row), deployed
+
+
+def test_show_qualifies_the_verdict_of_an_export_json_changed_by_hand(run_copy):
+    """export.json edited after export wrote it (another file named, another reason): show marks the file modified and
+    says the deploy line comes from that changed file."""
+    export = run_copy / "export"
+    (export / "other.onnx").write_bytes((export / "model.fp32.onnx").read_bytes())
+    report = json.loads((export / "export.json").read_text())
+    report["verdict"].update(file="other.onnx", why="all good")
+    (export / "export.json").write_text(json.dumps(report))
+    shown = invoke("show", run_copy)
+    assert shown.exit_code == 0, shown.output
+    assert "modified   export/export.json" in shown.stdout
+    assert shown.stdout.splitlines()[-1] == ("deploy (from an export.json changed since export wrote it) "
+                                             "export/other.onnx: all good")

@@ -78,3 +78,27 @@ def test_the_report_marks_the_file_to_deploy_and_labels_its_log_axes(finished_ru
     finally:
         plt.close(fig)
     assert "**- deploy**" in (finished_run / "report.md").read_text()
+
+
+def test_the_latency_columns_are_labelled_with_the_batch_sizes_timed(finished_run):
+    """The tiny run times batches 1 and 8 (export.latency_batch_sizes): report.md, `compress show` and the figure
+    label the second latency column batch 8, not 64; report.json's rows say which batch their latency_b64_ms is."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = json.loads((finished_run / "manifest.json").read_text())["stages"]["export"]["config"]["export"]
+    assert max(timed["latency_batch_sizes"]) == 8
+    report = (finished_run / "report.md").read_text()
+    assert "| artifact | params | size | val acc | latency b1 | latency b8 |" in report
+    rows = json.loads((finished_run / "report.json").read_text())["rows"]
+    assert {r["latency_batch"] for r in rows if r["latency_b64_ms"] is not None} == {8}
+    header = next(line for line in invoke("show", finished_run).stdout.splitlines() if "val acc" in line)
+    assert header.split()[-2:] == ["b1", "b8"], header
+    fig = figure(build_rows(RunDir(finished_run), STAGES)[0])
+    try:
+        assert fig.axes[1].get_xlabel().startswith("latency, batch 8,")
+    finally:
+        plt.close(fig)
+
