@@ -135,6 +135,29 @@ def fifo_log(w):
     return ["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", run_dir]
 
 
+@case("hang", "a FIFO named like an image in data.root (even `--dry-run`)", "a pipe", 2,
+      "tests/data/test_imagefolder.py")
+def fifo_image(w):
+    root = photos_tree(os.path.join(w, "photos_fifo"))
+    os.mkfifo(os.path.join(root, "train", "cat", "odd.jpg"))
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_fifo_img"), "--set", f"data.root={root}", "--dry-run"]
+
+
+@case("hang", "a link to /dev/zero named like an image in data.root", "a device", 2, "tests/data/test_imagefolder.py")
+def zero_image(w):
+    root = photos_tree(os.path.join(w, "photos_zero"))
+    os.symlink("/dev/zero", os.path.join(root, "train", "cat", "zero.jpg"))
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_zero_img"), "--set", f"data.root={root}"]
+
+
+@case("hang", "YAML nested 3,000 brackets deep in -c", "nest", 2, "tests/run/test_config.py")
+def deep_yaml(w):
+    path = os.path.join(w, "deep.yaml")
+    with open(path, "w") as f:
+        f.write("data:\n  mean: " + "[" * 3000 + "]" * 3000 + "\n")
+    return ["config", "-c", path]
+
+
 # -- silent wrong results ----------------------------------------------------------------------------------------
 
 @case("wrong result", "data.unlabeled = the data root", "unlabeled", 2, "tests/data/test_imagefolder.py")
@@ -193,7 +216,7 @@ def verdict_passwd(w):
     return ["predict", run_dir, os.path.join(w, "digit.png")]
 
 
-@case("unsafe", "terminal escapes in export.json's `why`: `compress show`", "deploy export/", 0,
+@case("unsafe", "terminal escapes in export.json's `why`: `compress show`", "\\x1b]0;owned", 0,
       "tests/test_fileio.py")
 def escapes_why(w):
     run_dir = copy_run(w, "r_esc")
