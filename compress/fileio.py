@@ -168,8 +168,8 @@ def _refuse_constant(name):
     raise ValueError(f"non-finite number {name}")
 
 
-def sha256_file(path, follow_links=False):
-    fd = open_regular(path, follow_links=follow_links)
+def sha256_file(path, follow_links=False, what="file"):
+    fd = open_regular(path, what, follow_links=follow_links)
     h = hashlib.sha256()
     with os.fdopen(fd, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -278,11 +278,9 @@ def _refuse_special(entry, what):
         return
     if stat.S_ISREG(mode):
         return
-    kind = ("a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
     via = " through a link" if entry.is_symlink() else ""
-    raise InputError(f"{what or 'folder'}: '{entry.path}' is {kind}{via}, named like an image; reading it would "
-                     "never end - remove it and rerun")
+    raise InputError(f"{what or 'folder'}: '{entry.path}' is {_kind(os.path.realpath(entry.path))}{via}, named like "
+                     "an image; reading it would never end - remove it and rerun")
 
 
 def safe_text(text):

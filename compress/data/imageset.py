@@ -23,7 +23,7 @@ import torch
 
 from compress.data import pixels, transforms
 from compress.deploy import imageio
-from compress.fileio import open_regular
+from compress.fileio import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class FileImages:
         parts = ["".join(f"{path[start:]}|{size}\n" for path, size in zip(paths, sizes)).encode()]
         step = max(1, -(-sum(sizes) // FINGERPRINT_BYTES))
         for path in paths[::step]:
-            parts.append(_sha256_of_image(path))
+            parts.append(bytes.fromhex(sha256_file(path, follow_links=True, what="image")))  # in blocks, a pipe refused
         return parts
 
     def _decode(self, i):
@@ -176,16 +176,6 @@ class FileImages:
 
         pil = Image.fromarray(image.permute(1, 2, 0).squeeze(-1).numpy())
         return _to_tensor(imageio.resize_and_crop(pil, self.rule), self.image_shape[0])
-
-
-def _sha256_of_image(path):
-    """The digest of an image file read in blocks: a link to a pipe or a device (/dev/zero) is refused, not
-    waited on or read without end."""
-    h = hashlib.sha256()
-    with os.fdopen(open_regular(path, "image", follow_links=True), "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.digest()
 
 
 class ConcatImages:
