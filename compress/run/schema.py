@@ -173,6 +173,17 @@ def get_path(raw, dotted, default=_NONE):
     return node
 
 
+def is_section(cls, dotted):
+    """Whether 'a.b' names a section (a nested dataclass) of `cls`, not a value."""
+    tp = cls
+    for part in dotted.split("."):
+        fields = {f.name for f in dataclasses.fields(tp)} if dataclasses.is_dataclass(tp) else ()
+        if part not in fields:
+            return False
+        tp = typing.get_type_hints(tp)[part]
+    return dataclasses.is_dataclass(tp)
+
+
 def set_path(raw, dotted, value):
     """Set `a.b.c = value` inside nested dicts, creating mappings on the way."""
     keys = dotted.split(".")

@@ -123,6 +123,18 @@ def test_overrides_are_parsed_as_yaml_values():
     assert cfg.data.mean == (0.5,) and cfg.qat.per_channel is False and cfg.teacher.lr == 3e-4
 
 
+def test_an_empty_value_for_a_section_is_refused_not_read_as_its_defaults():
+    """`--set data=` would otherwise drop every data key the config file gave (data.root among them) without a
+    word; a key set to empty is null as before, and an explicit {} still resets a section."""
+    with pytest.raises(ConfigError, match=r"config error in --set: 'data' is a section, and an empty value would "
+                                          r"reset every key in it .*--set data.name=\.\.\."):
+        load_config(overrides=["data="])
+    with pytest.raises(ConfigError, match=r"'distill.kd' is a section"):
+        load_config(overrides=["distill.kd=null"])
+    assert load_config(overrides=["model.teacher_weights="]).model.teacher_weights is None
+    assert load_config(overrides=["data.root=/x", "data={}"]).data.root is None
+
+
 def test_a_number_yaml_would_read_in_base_60_is_refused(tmp_path):
     """YAML 1.1 reads a plain 12:30 as 750 (and 1:00.5 as 60.5): refused in --set and in a file, naming the key;
     quoted, it is text, which a number's key then refuses as text."""
