@@ -157,6 +157,24 @@ def check_png_path(path):
         raise InputError(f"--png '{path}': the folder '{folder}' does not exist; create it or choose another path")
     if not os.access(folder, os.W_OK):
         raise InputError(f"--png '{path}': the folder '{folder}' is not writable; choose another path")
+    target = os.path.join(folder, os.path.basename(path))
+    run = _run_holding(folder)
+    if run and os.path.lexists(target):
+        raise InputError(f"--png '{path}' is a file of the run directory '{run}', which eval would overwrite; "
+                         "choose a new file name")
+
+
+def _run_holding(folder):
+    """The compress run directory `folder` is in (or is), else None: its files are the pipeline's record."""
+    from compress.run.rundir import RunDir
+
+    while True:
+        if RunDir(folder).exists():
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
 
 
 def evaluate_tree(model, samples, chunk=256):

@@ -69,6 +69,23 @@ def test_eval_on_the_validation_images_equals_the_export_stages_own_accuracy(fin
     assert (tmp_path / "confusion.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_eval_does_not_draw_over_a_file_of_the_run_directory(finished_run, tmp_path):
+    """`--png RUN/report.png` would replace the pipeline's own chart with a confusion matrix: refused before the
+    evaluation, the file untouched; a new name inside the run is fine."""
+    paths, _ = write_val_pngs(tmp_path, count=1)
+    (tmp_path / "val" / "3").mkdir(parents=True)
+    Image.open(paths[0]).save(tmp_path / "val" / "3" / "x.png")
+    before = (finished_run / "report.png").read_bytes()
+    result = invoke("eval", finished_run, tmp_path / "val", "--png", finished_run / "report.png")
+    assert result.exit_code == 2 and (finished_run / "report.png").read_bytes() == before
+    assert (f"error: --png '{finished_run / 'report.png'}' is a file of the run directory '{finished_run}', which "
+            "eval would overwrite; choose a new file name") in result.stderr
+    result = invoke("eval", finished_run, tmp_path / "val", "--png", finished_run / "export" / "confusion.png")
+    assert result.exit_code == 0, result.output
+    assert (finished_run / "export" / "confusion.png").read_bytes()[:4] == b"\x89PNG"
+    (finished_run / "export" / "confusion.png").unlink()  # the run fixture is shared
+
+
 def test_eval_says_which_files_it_did_not_read_and_which_classes_that_left_empty(finished_run, tmp_path):
     """A .gif is no image eval reads (as in training): counted in a note, with the class it left without images,
     rather than that class vanishing from the figures without a word."""
