@@ -2,10 +2,16 @@
 
 import logging
 import os
+import signal
 import uuid
 
 from compress.cpus import cpu_share
-from compress.errors import EXIT_INTERRUPTED
+from compress.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+
+# exit codes a restart cannot change: the input is bad (the same error again) or the user stopped the run
+_FINAL = (EXIT_BAD_INPUT, EXIT_INTERRUPTED)
+
+log = logging.getLogger(__name__)
 
 
 def relaunch(nproc, max_restarts, argv):
@@ -13,7 +19,40 @@ def relaunch(nproc, max_restarts, argv):
 
     The same as `torchrun --standalone --nproc-per-node N --max-restarts R -m compress ...`, but a worker's
     failure comes back as its exit code (its own message was already printed) instead of a launcher
-    traceback."""
+    traceback, and the group is restarted only when a restart can help: a worker that died or failed
+    unexpectedly, not one that refused its input (which would only print the same error again) or was stopped."""
+    for attempt in range(max_restarts + 1):
+        codes = _launch_once(nproc, argv)
+        if codes is None:
+            return EXIT_INTERRUPTED
+        if not codes:
+            return 0
+        if all(c in _FINAL for c in codes) or attempt == max_restarts:
+            break
+        log.warning("%s; restarting the %d processes (%d of %d), which resume from the last checkpoint",
+                    _failure_words(codes), nproc, attempt + 1, max_restarts)
+    positive = [c for c in codes if c > 0]
+    return positive[0] if positive else EXIT_INTERRUPTED if any(c < 0 for c in codes) else 1
+
+
+def _failure_words(codes):
+    signals = sorted({-c for c in codes if c < 0})
+    if signals:
+        names = ", ".join(_signal_name(s) for s in signals)
+        return f"a worker was killed ({names})"
+    return f"a worker failed (exit code {', '.join(map(str, sorted(set(codes))))})"
+
+
+def _signal_name(number):
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _launch_once(nproc, argv):
+    """One start of the worker group: [] when every worker ended well, the failed workers' exit codes (negative: the
+    signal that killed it), or None when the launcher itself was stopped (Ctrl-C, SIGTERM)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
@@ -26,18 +65,15 @@ def relaunch(nproc, max_restarts, argv):
     for name in list(logging.root.manager.loggerDict):
         if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    args = get_args_parser().parse_args([
-        f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-        "--module", "compress", *argv])
-    # what torchrun's --standalone does: a local c10d rendezvous on a free port
+    args = get_args_parser().parse_args([f"--nproc-per-node={nproc}", "--max-restarts=0", "--module", "compress",
+                                         *argv])
+    # what torchrun's --standalone does: a local c10d rendezvous on a free port (a new one for each start)
     args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     config, cmd, cmd_args = config_from_args(args)
     try:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as e:
-        codes = [f.exitcode for f in e.failures.values()]
-        positive = [c for c in codes if c > 0]
-        return positive[0] if positive else EXIT_INTERRUPTED if any(c < 0 for c in codes) else 1
+        return [f.exitcode for f in e.failures.values()]
     except (SignalException, KeyboardInterrupt):
-        return EXIT_INTERRUPTED
-    return 0
+        return None
+    return []

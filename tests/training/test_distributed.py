@@ -194,6 +194,63 @@ def _processes_naming(text):
     return found
 
 
+def _rank_of(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    except OSError:
+        return None
+    return env.get(b"RANK")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the workers' environment from /proc")
+def test_max_restarts_restarts_the_group_when_a_worker_is_killed(tiny_config, tmp_path):
+    """kill -9 of rank 1 under `compress run --nproc-per-node 2 --max-restarts 1`: the launcher says so, starts
+    both processes again, they resume from the last checkpoint and the stage completes (exit 0)."""
+    import time
+
+    run = tmp_path / "restarted"
+    exe = os.path.join(os.path.dirname(sys.executable), "compress")
+    launcher = subprocess.Popen([exe, "run", "-c", tiny_config, "--run-dir", str(run), "--stages", "teacher",
+                                 "--set", "teacher.epochs=4", "--nproc-per-node", "2", "--max-restarts", "1"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 300
+        while not ((run / "log.txt").exists() and "teacher: epoch 1/" in (run / "log.txt").read_text()):
+            assert time.time() < deadline and launcher.poll() is None, "the run did not start training"
+            time.sleep(0.2)
+        (victim,) = [pid for pid in _processes_naming(str(run)) if _rank_of(pid) == b"1"]
+        os.kill(victim, 9)
+        _, stderr = launcher.communicate(timeout=600)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "a worker was killed (SIGKILL); restarting the 2 processes (1 of 1), which resume from the last " \
+           "checkpoint" in stderr
+    assert "resuming" in stderr
+    assert json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["status"] == "complete"
+
+
+def test_max_restarts_does_not_restart_on_bad_input(tmp_path):
+    """An image that cannot be decoded is found by the workers (they decode the images): a restart would only
+    print the same error again, so the launcher stops at the first, with the input error's exit code."""
+    from conftest import images
+
+    root = tmp_path / "photos"
+    for split, n in (("train", 8), ("val", 2)):
+        for c, name in enumerate(("cat", "dog")):
+            images(root / split / name, n, shade=100 * c + (50 if split == "val" else 0), size=16)
+    (root / "train" / "cat" / "broken.png").write_bytes(b"not an image")
+    proc = compress_subprocess("run", "--run-dir", tmp_path / "run", "--stages", "teacher", "--nproc-per-node", "2",
+                               "--max-restarts", "2", "--set", "data.name=imagefolder", "--set", f"data.root={root}",
+                               "--set", "data.image_size=16", "--set", "model.teacher=compact_cnn", "--set",
+                               "teacher.epochs=1", "--set", "teacher.batch_size=4")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count("broken.png") == 1, proc.stderr[-3000:]
+    assert "restarting" not in proc.stderr
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_workers_stop_and_checkpoint_when_their_launcher_is_killed(tiny_config, tmp_path):
     """kill -9 of `compress run --nproc-per-node 2` forwards no signal to its workers (each in a session of its
