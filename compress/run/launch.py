@@ -27,12 +27,22 @@ def relaunch(nproc, max_restarts, argv):
             return EXIT_INTERRUPTED
         if not codes:
             return 0
-        if all(c in _FINAL for c in codes) or attempt == max_restarts:
+        # any: when one worker fails, the launcher stops the others (SIGTERM), and theirs are no cause
+        if any(c in _FINAL for c in codes) or attempt == max_restarts:
             break
         log.warning("%s; restarting the %d processes (%d of %d), which resume from the last checkpoint",
                     _failure_words(codes), nproc, attempt + 1, max_restarts)
-    positive = [c for c in codes if c > 0]
-    return positive[0] if positive else EXIT_INTERRUPTED if any(c < 0 for c in codes) else 1
+    return _exit_code(codes)
+
+
+def _exit_code(codes):
+    """The group's exit code from its failed workers': a final one (bad input, stopped) first, then any other a
+    worker chose, else an interruption when workers were killed."""
+    for pick in (lambda c: c in _FINAL, lambda c: c > 0):
+        found = [c for c in codes if pick(c)]
+        if found:
+            return found[0]
+    return EXIT_INTERRUPTED if any(c < 0 for c in codes) else 1
 
 
 def _failure_words(codes):
