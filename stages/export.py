@@ -223,7 +223,7 @@ def report_rows(entry, path):
         rows.append({"id": f"{kind}_onnx", "artifact": f"{ROW_NAMES[kind]} ({runtime})", "file": OUTPUTS[kind],
                      "params": entry["metrics"].get("params"), "size_bytes": export.size_bytes[kind],
                      "val_acc": _accuracy(export, kind), "latency_b1_ms": b1, "latency_b64_ms": b64,
-                     "ship": os.path.basename(shipped) == export.files.get(kind)})
+                     "ship": os.path.basename(shipped) == export.files.get(kind), "record": OUTPUTS["report"]})
     if "teacher" in export.latency_ms and export.teacher_file:
         b1, b64 = _latency_pair(export.latency_ms["teacher"])
         rows.append({"id": "teacher", "latency_b1_ms": b1, "latency_b64_ms": b64, "measured_from": export.teacher_file,

@@ -55,7 +55,9 @@ def build_rows(run, stages):
             notes.append(f"{name}: no rows - its files are damaged ({e.__class__.__name__}: {str(e)[:120]}); "
                          f"rerun it with --stages {name} --force")
             continue
-        changed = files_changed(run, entry.get("outputs", {}), [r["file"] for r in produced if r.get("file")])
+        # a row's figures come from its file, or from the stage's record of it ("record": export.json)
+        changed = files_changed(run, entry.get("outputs", {}),
+                                [r[k] for r in produced for k in ("file", "record") if r.get(k)])
         batch = _largest_batch_timed(entry.get("metrics") or {})
         for row in produced:
             if batch and row.get("latency_b64_ms") is not None:
@@ -75,7 +77,7 @@ def build_rows(run, stages):
                     if measured_on:  # its accuracy and its latency were measured on different files: say so
                         target["artifact"] = _with_note(target["artifact"], f"latency: {measured_on}")
                 continue
-            current = state == "complete" and row.get("file") not in changed
+            current = state == "complete" and not {row.get("file"), row.pop("record", None)} & set(changed)
             rows[row["id"]] = {**dict.fromkeys(COLUMNS), **row, "stage": name, "current": current,
                                "ship": bool(row.get("ship")) and current}  # a stale verdict recommends nothing
     return [r for r in rows.values() if "artifact" in r and r["artifact"]], notes

@@ -81,6 +81,13 @@ def test_predict_and_eval_warn_of_an_export_json_changed_by_hand(run_copy, tmp_p
     evaluated = invoke("eval", run_copy, tmp_path / "val")
     assert evaluated.exit_code == 0, evaluated.output
     assert warning in evaluated.stderr and evaluated.stderr.count("warning") == 1, evaluated.stderr
+    # the report's ONNX rows are read from export.json: marked, with the reason, and none of them to deploy
+    assert invoke("report", run_copy).exit_code == 0
+    text = (run_copy / "report.md").read_text()
+    assert "export: export/export.json changed after the stage wrote it" in text and "Deploy export/" not in text
+    rows = json.loads((run_copy / "report.json").read_text())["rows"]
+    assert {r["file"]: r["current"] for r in rows if r["file"] and r["file"].endswith(".onnx")} == {
+        "export/model.fp32.onnx": False, "export/model.int8.onnx": False, "export/model.ptq.onnx": False}
 
 
 def test_predict_and_bench_from_the_installed_script(finished_run, tmp_path):
