@@ -110,8 +110,12 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
     if rank == 0 and results.get("report"):
         from compress.run.report import markdown_table
 
-        echo(markdown_table(results["report"]))
-        echo(f"report: {os.path.join(run_dir, 'report.md')}")
+        try:
+            echo(markdown_table(results["report"]))
+            echo(f"report: {os.path.join(run_dir, 'report.md')}")
+        except CompressError as e:  # the run is done and its table written: not printing it fails nothing
+            log.warning("the run is complete, but its table was not printed (%s); it is in %s", str(e).split(";")[0],
+                        os.path.join(run_dir, "report.md"))
 
 
 def _dry_run(cfg, config_path, note, run_dir, stage_names, force, world):

@@ -95,6 +95,17 @@ def test_standard_output_that_cannot_be_written_is_one_line_naming_it(command):
     assert piped.returncode == 0 and piped.stderr == ""
 
 
+def test_a_run_whose_table_cannot_be_printed_still_succeeds(run_copy):
+    """`compress run >&-` (cron, a detached job): the stages' work is done and the table is in report.md, so the
+    exit code is the run's (0), with one line saying where the table is."""
+    with open("/dev/full", "w") as full:
+        for stdout in (None, full):
+            result = _with_stdout(stdout, "run", "--run-dir", run_copy)
+            assert result.returncode == 0, result.stderr[-2000:]
+            assert "the run is complete, but its table was not printed (cannot write to standard output (" in \
+                result.stderr and f"it is in {run_copy / 'report.md'}" in result.stderr, result.stderr[-2000:]
+
+
 def test_show_and_predict_say_standard_output_cannot_be_written(finished_run, tmp_path):
     """`compress show RUN > /dev/full` and `compress predict RUN img >&-`: one line naming standard output, a
     non-zero exit; never silence with exit 0, nor a full disk blamed on the run directory."""
