@@ -39,6 +39,11 @@ def request(payload, timeout=3600):
 
 
 def _session(path, threads):
+    # `import openvino` imports its model converter, which sends a usage event to Google Analytics and writes a
+    # client id under ~/intel unless a consent file there says no; with openvino_telemetry unimportable it uses
+    # its own no-op stub (each import is guarded by `except ImportError`), so timing a file writes nothing outside
+    # the run and sends nothing
+    sys.modules.setdefault("openvino_telemetry", None)
     import openvino as ov
 
     core = ov.Core()

@@ -106,6 +106,27 @@ def test_a_run_whose_table_cannot_be_printed_still_succeeds(run_copy):
                 result.stderr and f"it is in {run_copy / 'report.md'}" in result.stderr, result.stderr[-2000:]
 
 
+def test_the_runtimes_write_nothing_in_the_home_folder(finished_run, tmp_path):
+    """onnxruntime keeps a device id and an event database under ~/.cache/Microsoft unless told not to
+    (ORT_DISABLE_TELEMETRY), and `import openvino` writes a client id under ~/intel for its usage events unless
+    its telemetry package cannot load: timing and running a model write nothing outside the run."""
+    import importlib.util
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("ORT_DISABLE_TELEMETRY", "XDG_CACHE_HOME")}
+    exe = os.path.join(os.path.dirname(sys.executable), "compress")
+    paths, _ = write_val_pngs(tmp_path, count=1)
+    commands = [("bench", finished_run, "--repeats", "2"), ("predict", finished_run, *paths)]
+    if importlib.util.find_spec("openvino"):
+        commands.append(("bench", finished_run, "--repeats", "2", "--runtime", "openvino"))
+    for command in commands:
+        result = subprocess.run([exe, *map(str, command)], capture_output=True, text=True, timeout=180,
+                                env={**env, "HOME": str(home)})
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert [str(p.relative_to(home)) for p in home.rglob("*")] == []
+
+
 def test_show_and_predict_say_standard_output_cannot_be_written(finished_run, tmp_path):
     """`compress show RUN > /dev/full` and `compress predict RUN img >&-`: one line naming standard output, a
     non-zero exit; never silence with exit 0, nor a full disk blamed on the run directory."""
