@@ -172,7 +172,8 @@ def _listing_digest(cfg, key):
                 size = os.path.getsize(path)
             except OSError:  # a dangling link, or removed since the scan
                 raise InputError(f"image '{path}' not found (a broken link?); fix or remove it") from None
-            h.update(f"\n{path[start:]}\0{size}\0{label}".encode())
+            # a file name that is not UTF-8 (its bytes kept as surrogates) hashes as its bytes on disk
+            h.update(f"\n{path[start:]}\0{size}\0{label}".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 
@@ -195,6 +196,15 @@ def load_imagefolder(cfg, seed, place=None):
     return subset(found["train"], augment), subset(found["val"], None), tuple(found["classes"]), how
 
 
+def _is_text(name):
+    """A name the file system gave as bytes that are not UTF-8 comes back with surrogates (\\udcff) in it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def class_tree(root, others=None):
     """(class names, [(path, class index)]) of root/<class>/<image> - the order torchvision's ImageFolder uses
     (classes sorted; files by sorted os.walk, then name), hidden files and junk folders left out - refusing fewer
@@ -212,6 +222,9 @@ def class_tree(root, others=None):
     root_real = os.path.realpath(root)
     seen = {}  # real folder -> class name: two classes in one folder would give every image two labels
     for name in names:
+        if not _is_text(name):
+            raise InputError(f"data.root: the class folder '{os.path.join(root, name)}' has a name that is not UTF-8 "
+                             "text; rename it (class names are written into the ONNX files and the reports)")
         real = os.path.realpath(os.path.join(root, name))
         if real in seen:
             raise InputError(f"data.root: the class folders '{os.path.join(root, seen[real])}' and "

@@ -157,7 +157,8 @@ class FileImages:
         root = os.path.commonpath(folders)  # the files' common folder (found from their folders: 5 s less at 1.28 M)
         start = len(os.path.join(root, ""))  # each path below root, as os.path.relpath gives it (13 s at 1.28 M)
         sizes = [os.stat(p).st_size for p in paths]
-        parts = ["".join(f"{path[start:]}|{size}\n" for path, size in zip(paths, sizes)).encode()]
+        parts = ["".join(f"{path[start:]}|{size}\n" for path, size in zip(paths, sizes)).encode("utf-8",
+                                                                                               "surrogateescape")]
         step = max(1, -(-sum(sizes) // FINGERPRINT_BYTES))
         for path in paths[::step]:
             parts.append(bytes.fromhex(sha256_file(path, follow_links=True, what="image")))  # in blocks, a pipe refused

@@ -440,3 +440,29 @@ def test_a_class_spelled_with_other_unicode_characters_in_the_two_splits_is_name
                 "Unicode characters ('caf\\xe9' and 'cafe\\u0301'")
     with pytest.raises(InputError, match=re.escape(expected)):
         scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}"))
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file names as bytes")
+def test_names_that_are_not_utf8_image_files_read_class_folders_refused(tmp_path):
+    """Bytes that are not UTF-8 in a name (Latin-1 names copied from an old disk): an image named so is listed,
+    hashed and read like any other (the listing's digest was 'unexpected UnicodeEncodeError', exit 1); a class
+    folder named so is refused in a sentence, since class names go into the ONNX metadata and the reports."""
+    from compress.data.imagefolder import listing_digest, scan
+
+    root = os.fsencode(tmp_path / "photos")
+    for split, count in ((b"train", 6), (b"val", 2)):
+        for c, name in enumerate((b"cat", b"dog")):
+            folder = os.path.join(root, split, name)
+            os.makedirs(folder)
+            for i in range(count):
+                Image.new("RGB", (20 + i, 20), (60 * c + 5 * i, 40 if split == b"val" else 90, 7 * i)).save(
+                    os.fsdecode(os.path.join(folder, b"%d-caf\xe9.png" % i)))
+    cfg = data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'photos'}", "data.image_size=16")
+    assert len(listing_digest(cfg, "root")) == 64
+    data = load_data(cfg, seed=0)
+    assert len(data.train) == 12 and data.train.batch([0, 11])[0].shape == (2, 3, 16, 16)
+    for split in (b"train", b"val"):
+        os.rename(os.path.join(root, split, b"dog"), os.path.join(root, split, b"d\xf6g"))
+    with pytest.raises(InputError, match=r"data.root: the class folder '.*d\udcf6g' has a name that is not UTF-8 "
+                                         r"text; rename it \(class names are written into the ONNX files"):
+        scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'photos'}"))
