@@ -27,6 +27,19 @@ def test_a_folder_that_is_not_a_run_is_refused_and_left_alone(tmp_path):
     assert file_bytes(foreign) == before
 
 
+@pytest.mark.skipif(os.name != "posix", reason="file names as bytes")
+def test_a_run_directory_named_in_bytes_that_are_not_utf8_is_refused_before_anything_is_written(tmp_path):
+    """TensorBoard's writer (and JSON consumers of the manifest) refuse such a path: the teacher trained and then
+    failed with 'unexpected UnicodeEncodeError'; now one sentence, nothing written. A UTF-8 name is fine."""
+    bad = os.fsdecode(os.path.join(os.fsencode(tmp_path), b"r\xff"))
+    result = compress_subprocess("run", "--run-dir", bad, "--set", "data.name=digits", "--stages", "teacher")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "has a name that is not UTF-8 text, which the libraries writing into it refuse; choose a UTF-8 name " \
+           "with --run-dir" in result.stderr
+    assert os.listdir(tmp_path) == []
+    RunDir(str(tmp_path / "café")).check_usable()
+
+
 def test_a_held_lock_names_its_holder_and_nothing_is_written(run_copy):
     """While another run holds the lock with qat running, `--stages export` names that run rather than ask for
     qat first, `show` calls the stage running now, --dry-run mentions it, and nothing is written."""
