@@ -328,6 +328,33 @@ def restarts_on_bad_input(w):
             f"data.root={root}", "--nproc-per-node", "2", "--max-restarts", "2"]
 
 
+@case("one sentence", "a class folder whose name is not UTF-8 (`d\\xf6g`)", "not UTF-8", 2,
+      "tests/data/test_imagefolder.py")
+def class_not_utf8(w):
+    root = photos_tree(os.path.join(w, "photos_latin1"))
+    for split in ("train", "val"):
+        os.rename(os.path.join(root, split, "dog"), os.fsdecode(os.path.join(os.fsencode(root), split.encode(),
+                                                                             b"d\xf6g")))
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_latin1"), "--set", f"data.root={root}"]
+
+
+@case("one sentence", "images whose names are not UTF-8 (`0-caf\\xe9.jpg`): read", "report:", 0,
+      "tests/data/test_imagefolder.py")
+def images_not_utf8(w):
+    root = photos_tree(os.path.join(w, "photos_latin1_files"))
+    for folder, _, names in os.walk(root):
+        for name in names:
+            os.rename(os.path.join(folder, name), os.fsdecode(os.fsencode(os.path.join(folder, name))
+                                                              .replace(b".jpg", b"-caf\xe9.jpg")))
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_latin1_files"), "--set", f"data.root={root}"]
+
+
+@case("one sentence", "a run directory whose name is not UTF-8", "not UTF-8", 2, "tests/run/test_rundir.py")
+def run_dir_not_utf8(w):
+    return ["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir",
+            os.fsdecode(os.path.join(os.fsencode(w), b"r_\xff"))]
+
+
 # -- messages ----------------------------------------------------------------------------------------------------
 
 @case("message", "a limit out of range (`--set distill.kd.temperature=0`)", "temperature", 2,
