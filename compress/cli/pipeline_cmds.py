@@ -128,6 +128,8 @@ def _dry_run(cfg, config_path, note, run_dir, stage_names, force, world):
         echo(line)
     for line in data["notes"]:
         echo(f"data: {line}")
+    for line in data.get("weights", ()):
+        echo(f"note: {line}")
     for name, action, why in rows:
         echo(f"{name:8} {action:7} {why}")
     if data.get("busy"):

@@ -337,7 +337,7 @@ def plan(cfg, run_root, stage_names, force=False, world=1):
 def _plan(cfg, run, stage_names, force, world):
     from compress.run.contract import Input
 
-    data = preflight.check(cfg, stage_names, world, run_root=run.root)
+    data = preflight.check(cfg, stage_names, world, run_root=run.root, download=False)  # a dry run writes nothing
     holder = _held_elsewhere(run)
     try:
         check_run_dir(run, cfg, stage_names, writing=False)  # a dry run writes nothing: it plans a read-only run too
@@ -357,7 +357,7 @@ def _plan(cfg, run, stage_names, force, world):
         upstream = [i for i in spec.inputs(ConfigView(cfg, spec.CONFIG_KEYS)) if isinstance(i, Input)
                     and i.stage in running]
         try:
-            state = decide(run, cfg, spec, force, STAGES, world)
+            state = decide(run, cfg, spec, force, STAGES, world, planning=True)
             action, why = {"skip": "skip", "fresh": "run", "resume": "resume"}[state.action], state.reason
         except CompressError as e:  # an input not there yet: fine when the stage that writes it runs first
             if not upstream:

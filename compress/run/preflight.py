@@ -13,8 +13,10 @@ from compress.errors import ConfigError
 TRAINING_STAGES = ("teacher", "distill", "qat")
 
 
-def problems(cfg, stage_names, world_size, run_root=None):
-    """The list of problems (empty when the run can start); `run_root`: the run directory it would write."""
+def problems(cfg, stage_names, world_size, run_root=None, download=True):
+    """The list of problems (empty when the run can start); `run_root`: the run directory it would write;
+    `download`: fetch torchvision weights named by model.*_weights into torch's cache when missing (a dry run
+    does not: it only says it would)."""
     found = []
     data = cfg.data
     for key, folder in _image_folders(data, stage_names):
@@ -43,7 +45,8 @@ def problems(cfg, stage_names, world_size, run_root=None):
         value = getattr(cfg.model, key)
         if value and is_weights_name(value):
             try:  # found in torch's cache, or downloaded into it where the network allows
-                weights_file(value, getattr(cfg.model, key.replace("_weights", "")), f"model.{key}", download=True)
+                weights_file(value, getattr(cfg.model, key.replace("_weights", "")), f"model.{key}",
+                             download=download)
             except InputError as e:
                 found.append(str(e))
         elif value and not os.path.exists(os.path.expanduser(value)):
@@ -74,15 +77,32 @@ def problems(cfg, stage_names, world_size, run_root=None):
     return found
 
 
-def check(cfg, stage_names, world_size, source=None, run_root=None):
+def check(cfg, stage_names, world_size, source=None, run_root=None, download=True):
     """Raise one ConfigError listing every problem found by `problems`; then look at the data (its layout,
-    without decoding an image) and return its summary: {"lines": [...], "notes": [...]}."""
-    found = problems(cfg, stage_names, world_size, run_root)
+    without decoding an image) and return its summary: {"lines": [...], "notes": [...], "weights": [notes on
+    weights a run would download first]}."""
+    found = problems(cfg, stage_names, world_size, run_root, download)
     if found:
         raise ConfigError(found, source=source)
     from compress.data.datasets import describe
 
-    return describe(cfg.data, unlabeled="distill" in stage_names)
+    summary = describe(cfg.data, unlabeled="distill" in stage_names)
+    return {**summary, "weights": _not_fetched(cfg)}
+
+
+def _not_fetched(cfg):
+    """A note per torchvision weights name whose file is not in torch's cache (a dry run does not download)."""
+    from compress.models.weights import is_weights_name, weights_file
+
+    notes = []
+    for key in ("teacher_weights", "student_weights"):
+        value = getattr(cfg.model, key)
+        if value and is_weights_name(value):
+            path = weights_file(value, getattr(cfg.model, key.replace("_weights", "")), f"model.{key}")
+            if not os.path.isfile(path):
+                notes.append(f"model.{key}: {value} is not in torch's cache yet; `compress run` downloads it to "
+                             f"{path} first (where the network allows)")
+    return notes
 
 
 def _model_problems(cfg, stage_names):

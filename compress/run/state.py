@@ -105,12 +105,13 @@ def read_resume(run, stage, part="", epochs=None):
     return Resume(rel, state["epoch"], state["step"], state.get("world_size"), extra), None
 
 
-def decide(run, cfg, spec, force, stages, world):
-    """The StageState of stage module `spec` in run directory `run` for config `cfg` on `world` processes."""
+def decide(run, cfg, spec, force, stages, world, planning=False):
+    """The StageState of stage module `spec` in run directory `run` for config `cfg` on `world` processes
+    (`planning`: for a dry run, where weights not downloaded yet count as changed instead of unreadable)."""
     manifest = run.manifest()
     entries = manifest["stages"]
     states = stage_states(run, stages, manifest)
-    inputs, sources = _inputs(run, cfg, spec, entries, states, stages)
+    inputs, sources = _inputs(run, cfg, spec, entries, states, stages, planning)
     base = {"stage": spec.NAME, "config_hash": section_hash(cfg, spec.CONFIG_KEYS),
             "config": config_slice(cfg, spec.CONFIG_KEYS), "inputs": inputs, "sources": sources,
             "result_hash": result_hash(cfg, spec.CONFIG_KEYS, _images_followed(inputs))}
@@ -210,12 +211,16 @@ def _resume_reason(entry, point, epochs):
     return f"resuming the interrupted run {where}"
 
 
-def _inputs(run, cfg, spec, entries, states, stages):
+NOT_FETCHED = "0" * 64  # the digest a dry run gives weights a real run would download first: matches no file
+
+
+def _inputs(run, cfg, spec, entries, states, stages, planning=False):
     """({input key: sha256}, {"stage:output": run-relative path}) of the files the stage declares it reads."""
     inputs, sources = {}, {}
     for item in spec.inputs(ConfigView(cfg, spec.CONFIG_KEYS)):
         if isinstance(item, File):  # outside the run directory (pretrained weights)
-            inputs[item.input_key] = _external_sha256(item)
+            missing = planning and not os.path.lexists(os.path.expanduser(item.path))
+            inputs[item.input_key] = NOT_FETCHED if missing else _external_sha256(item)
             continue
         if isinstance(item, (Images, Code)):  # what data.root lists (images added, moved, renamed); a model's code
             digest = _digest(cfg, item)

@@ -231,7 +231,13 @@ def test_a_run_starts_the_teacher_from_the_cached_weights_offline_or_says_what_t
     assert missing.exit_code == 2 and "Traceback" not in missing.output
     assert f"download https://download.pytorch.org/models/{FILE} and place it at" in missing.stderr
     assert not (tmp_path / "run").exists()  # refused before anything was written
+    planned = invoke(*args, "--dry-run")  # a dry run downloads nothing (it writes nothing): it says a run would
+    assert planned.exit_code == 0, planned.output
+    assert (f"note: model.teacher_weights: torchvision:IMAGENET1K_V1 is not in torch's cache yet; `compress run` "
+            f"downloads it to {torch_home / 'hub' / 'checkpoints' / FILE} first") in planned.stdout
+    assert "teacher  run" in planned.stdout and not (tmp_path / "run").exists()
     place_imagenet_weights(torch_home)
+    assert "note: model.teacher_weights" not in invoke(*args, "--dry-run").stdout
     ran = invoke(*args)
     assert ran.exit_code == 0, ran.output
     assert f"teacher: model.teacher_weights: loaded {FILE}" in ran.stderr
