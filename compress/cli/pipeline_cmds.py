@@ -104,8 +104,11 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
         log.info("config %s, run directory %s", config_path, run_dir)
         if note:
             log.info("%s", note)
-    # a worker restarted by torchrun after losing a peer resumes instead of redoing forced stages
-    force = force and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0
+    # a worker group restarted after losing a worker (by torchrun, or by --max-restarts) resumes instead of redoing
+    # the forced stages
+    from compress.run.launch import ATTEMPT_ENV
+
+    force = force and not any(int(os.environ.get(k) or 0) for k in ("TORCHELASTIC_RESTART_COUNT", ATTEMPT_ENV))
     results = run_pipeline(cfg, run_dir, stage_names, force=force)
     if rank == 0 and results.get("report"):
         from compress.run.report import markdown_table

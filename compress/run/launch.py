@@ -10,6 +10,9 @@ from compress.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 
 # exit codes a restart cannot change: the input is bad (the same error again) or the user stopped the run
 _FINAL = (EXIT_BAD_INPUT, EXIT_INTERRUPTED)
+# the signals the launcher itself stops the other workers with when one fails: a consequence, never a cause
+_STOPPED_BY_LAUNCHER = (signal.SIGTERM, signal.SIGINT)
+ATTEMPT_ENV = "COMPRESS_LAUNCH_ATTEMPT"  # 0 for the first start of the group; a restart resumes, never forces
 
 log = logging.getLogger(__name__)
 
@@ -19,20 +22,30 @@ def relaunch(nproc, max_restarts, argv):
 
     The same as `torchrun --standalone --nproc-per-node N --max-restarts R -m compress ...`, but a worker's
     failure comes back as its exit code (its own message was already printed) instead of a launcher
-    traceback, and the group is restarted only when a restart can help: a worker that died or failed
-    unexpectedly, not one that refused its input (which would only print the same error again) or was stopped."""
+    traceback, and the group is restarted only when a restart can help: when a worker died (killed, out of
+    memory, crashed), not when one refused its input, failed a stage's own check or was stopped (each would
+    only say the same again)."""
     for attempt in range(max_restarts + 1):
-        codes = _launch_once(nproc, argv)
+        os.environ[ATTEMPT_ENV] = str(attempt)  # the workers' `compress run` drops --force after the first
+        try:
+            codes = _launch_once(nproc, argv)
+        finally:
+            os.environ.pop(ATTEMPT_ENV, None)
         if codes is None:
             return EXIT_INTERRUPTED
         if not codes:
             return 0
-        # any: when one worker fails, the launcher stops the others (SIGTERM), and theirs are no cause
-        if any(c in _FINAL for c in codes) or attempt == max_restarts:
+        # a death is the cause even where the launcher's stop made another worker exit 130 (stopped)
+        if not _died(codes) or EXIT_BAD_INPUT in codes or attempt == max_restarts:
             break
         log.warning("%s; restarting the %d processes (%d of %d), which resume from the last checkpoint",
                     _failure_words(codes), nproc, attempt + 1, max_restarts)
     return _exit_code(codes)
+
+
+def _died(codes):
+    """The signals that killed workers, leaving out the launcher's own stop of the others."""
+    return [-c for c in codes if c < 0 and -c not in _STOPPED_BY_LAUNCHER]
 
 
 def _exit_code(codes):
@@ -46,11 +59,8 @@ def _exit_code(codes):
 
 
 def _failure_words(codes):
-    signals = sorted({-c for c in codes if c < 0})
-    if signals:
-        names = ", ".join(_signal_name(s) for s in signals)
-        return f"a worker was killed ({names})"
-    return f"a worker failed (exit code {', '.join(map(str, sorted(set(codes))))})"
+    names = ", ".join(_signal_name(s) for s in sorted(set(_died(codes))))
+    return f"a worker was killed ({names})"
 
 
 def _signal_name(number):

@@ -205,14 +205,16 @@ def _rank_of(pid):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the workers' environment from /proc")
 def test_max_restarts_restarts_the_group_when_a_worker_is_killed(tiny_config, tmp_path):
-    """kill -9 of rank 1 under `compress run --nproc-per-node 2 --max-restarts 1`: the launcher says so, starts
-    both processes again, they resume from the last checkpoint and the stage completes (exit 0)."""
+    """kill -9 of rank 1 under `compress run --nproc-per-node 2 --max-restarts 1 --force`: the launcher says so,
+    starts both processes again, they resume from the last checkpoint (--force applies to the first start only)
+    and the stage completes (exit 0)."""
     import time
 
     run = tmp_path / "restarted"
     exe = os.path.join(os.path.dirname(sys.executable), "compress")
     launcher = subprocess.Popen([exe, "run", "-c", tiny_config, "--run-dir", str(run), "--stages", "teacher",
-                                 "--set", "teacher.epochs=4", "--nproc-per-node", "2", "--max-restarts", "1"],
+                                 "--set", "teacher.epochs=4", "--nproc-per-node", "2", "--max-restarts", "1",
+                                 "--force"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
@@ -228,7 +230,7 @@ def test_max_restarts_restarts_the_group_when_a_worker_is_killed(tiny_config, tm
     assert launcher.returncode == 0, stderr[-3000:]
     assert "a worker was killed (SIGKILL); restarting the 2 processes (1 of 1), which resume from the last " \
            "checkpoint" in stderr
-    assert "resuming" in stderr
+    assert "resuming" in stderr and stderr.count("running (--force)") == 1, stderr[-3000:]
     assert json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["status"] == "complete"
 
 
@@ -249,6 +251,16 @@ def test_max_restarts_does_not_restart_on_bad_input(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.count("broken.png") == 1, proc.stderr[-3000:]
     assert "restarting" not in proc.stderr
+
+
+def test_max_restarts_does_not_restart_a_stage_that_failed_its_own_check(run_copy):
+    """A stage that ran and failed its check (exit 1: here export, int8 required 100x faster) would fail the same
+    way again: said once, not retried."""
+    proc = compress_subprocess("run", "--run-dir", run_copy, "--stages", "export", "--nproc-per-node", "2",
+                               "--max-restarts", "2", "--set", "export.require_faster_int8=true", "--set",
+                               "export.min_int8_speedup=100")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("error: export:") == 1 and "restarting" not in proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
