@@ -227,7 +227,7 @@ def report_rows(entry, path):
     if "teacher" in export.latency_ms and export.teacher_file:
         b1, b64 = _latency_pair(export.latency_ms["teacher"])
         rows.append({"id": "teacher", "latency_b1_ms": b1, "latency_b64_ms": b64, "measured_from": export.teacher_file,
-                     "latency_of": f"its fp32 ONNX export in {runtime}"})
+                     "latency_of": f"its fp32 ONNX export in {runtime}", "record": OUTPUTS["report"]})
     return rows
 
 

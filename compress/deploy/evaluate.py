@@ -158,7 +158,7 @@ def check_png_path(path):
     if not os.access(folder, os.W_OK):
         raise InputError(f"--png '{path}': the folder '{folder}' is not writable; choose another path")
     target = os.path.join(folder, os.path.basename(path))
-    run = _run_holding(folder)
+    run = _run_holding(os.path.dirname(os.path.realpath(target)))  # through links: where the drawing would land
     if run and os.path.lexists(target):
         raise InputError(f"--png '{path}' is a file of the run directory '{run}', which eval would overwrite; "
                          "choose a new file name")

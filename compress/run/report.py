@@ -71,6 +71,8 @@ def build_rows(run, stages):
             notes.extend(spec.report_notes(entry))
         for row in produced:
             if "artifact" not in row:  # a figure for another stage's row, measured from that stage's file
+                if row.pop("record", None) in changed:  # read from a record edited since: not that stage's figure
+                    continue
                 if row["id"] in rows and _still_current(row.pop("measured_from"), entry, manifest, states):
                     target, measured_on = rows[row["id"]], row.pop("latency_of", None)
                     target.update({k: v for k, v in row.items() if k != "id"})

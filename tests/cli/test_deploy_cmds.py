@@ -88,6 +88,8 @@ def test_predict_and_eval_warn_of_an_export_json_changed_by_hand(run_copy, tmp_p
     rows = json.loads((run_copy / "report.json").read_text())["rows"]
     assert {r["file"]: r["current"] for r in rows if r["file"] and r["file"].endswith(".onnx")} == {
         "export/model.fp32.onnx": False, "export/model.int8.onnx": False, "export/model.ptq.onnx": False}
+    teacher = next(r for r in rows if r["id"] == "teacher")  # its latency came from export.json too: left out
+    assert teacher["latency_b1_ms"] is None and teacher["latency_b64_ms"] is None, teacher
 
 
 def test_predict_and_bench_from_the_installed_script(finished_run, tmp_path):

@@ -2,6 +2,7 @@
 globs, and the export stage's own accuracy."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -80,6 +81,9 @@ def test_eval_does_not_draw_over_a_file_of_the_run_directory(finished_run, tmp_p
     assert result.exit_code == 2 and (finished_run / "report.png").read_bytes() == before
     assert (f"error: --png '{finished_run / 'report.png'}' is a file of the run directory '{finished_run}', which "
             "eval would overwrite; choose a new file name") in result.stderr
+    os.symlink(finished_run / "report.png", tmp_path / "chart.png")  # a link to it is refused the same way
+    result = invoke("eval", finished_run, tmp_path / "val", "--png", tmp_path / "chart.png")
+    assert result.exit_code == 2 and (finished_run / "report.png").read_bytes() == before
     result = invoke("eval", finished_run, tmp_path / "val", "--png", finished_run / "export" / "confusion.png")
     assert result.exit_code == 0, result.output
     assert (finished_run / "export" / "confusion.png").read_bytes()[:4] == b"\x89PNG"
