@@ -11,6 +11,7 @@ refused without being opened.
 """
 
 import os
+import re
 import stat
 
 import torch
@@ -362,6 +363,15 @@ def cache_path(weights):
     return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
 
 
+_NAME_HASH = re.compile(r"-([a-f0-9]{6,})\.")  # resnet18-f37072fd.pth: the start of the file's sha256
+
+
+def name_hash(path):
+    """The sha256 prefix a torchvision weights file carries in its name ('f37072fd'), or None."""
+    found = _NAME_HASH.search(os.path.basename(path))
+    return found.group(1) if found else None
+
+
 def weights_file(value, model_name, key, download=False):
     """The file `model.*_weights` stands for: a path as given, or for a torchvision weights name the file in
     torchvision's cache - downloaded there when `download` and the network allow (and COMPRESS_OFFLINE is not
@@ -378,10 +388,13 @@ def weights_file(value, model_name, key, download=False):
 
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            torch.hub.download_url_to_file(weights.url, path, progress=False)
+            # torch checks the sha256 against the prefix in the file name, as torchvision's own loading does
+            torch.hub.download_url_to_file(weights.url, path, hash_prefix=name_hash(path), progress=False)
             return path
         except Exception as e:  # URLError, timeouts, HTTP errors: no network, or not this address
             why = f"the download failed ({e.__class__.__name__})"
+            if isinstance(e, RuntimeError) and "hash" in str(e):
+                why = f"the downloaded file's sha256 does not begin with {name_hash(path)} as its name says"
     else:
         why = f"{OFFLINE_ENV} is set"
     raise InputError(f"{key}: torchvision's {weights} is not in torch's cache and {why}; download {weights.url} "

@@ -69,9 +69,6 @@ class RunDir:
         files (not a compress run), one with symbolic links inside, or (`writing`) one we cannot write to."""
         if os.path.lexists(self.root) and not os.path.isdir(self.root):
             raise InputError(f"run directory '{self.root}' is a file; choose a folder with --run-dir")
-        if writing and self.root != os.fsencode(self.root).decode("utf-8", "replace"):  # bytes kept as surrogates
-            raise InputError(f"run directory '{self.root}' has a name that is not UTF-8 text, which the libraries "
-                             "writing into it refuse; choose a UTF-8 name with --run-dir")
         if os.path.isdir(self.root):
             entries = [e for e in os.listdir(self.root) if e != LOCK_NAME]
             if entries and not os.path.lexists(self.manifest_path) and not self._only_pixel_cache(entries):
@@ -109,6 +106,9 @@ class RunDir:
                                  "away and rerun")
 
     def check_writable(self):
+        if self.root != os.fsencode(self.root).decode("utf-8", "replace"):  # bytes kept as surrogates
+            raise InputError(f"run directory '{self.root}' has a name that is not UTF-8 text, which the libraries "
+                             "writing into it refuse; choose a UTF-8 name with --run-dir")
         parent = self.root
         while not os.path.isdir(parent):  # the nearest existing ancestor is what must be writable
             up = os.path.dirname(parent)

@@ -219,8 +219,10 @@ def _inputs(run, cfg, spec, entries, states, stages, planning=False):
     inputs, sources = {}, {}
     for item in spec.inputs(ConfigView(cfg, spec.CONFIG_KEYS)):
         if isinstance(item, File):  # outside the run directory (pretrained weights)
-            missing = planning and not os.path.lexists(os.path.expanduser(item.path))
-            inputs[item.input_key] = NOT_FETCHED if missing else _external_sha256(item)
+            if planning and not os.path.lexists(os.path.expanduser(item.path)):
+                inputs[item.input_key] = _to_be_fetched(item, entries.get(spec.NAME) or {})
+            else:
+                inputs[item.input_key] = _external_sha256(item)
             continue
         if isinstance(item, (Images, Code)):  # what data.root lists (images added, moved, renamed); a model's code
             digest = _digest(cfg, item)
@@ -304,6 +306,15 @@ def _missing_message(run, entries, item, rel):
 
 
 UNFINISHED = {"running": "did not finish", "interrupted": "was interrupted", "failed": "failed"}
+
+
+def _to_be_fetched(item, entry):
+    """The digest a dry run plans with for weights the run would download first: the one the stage recorded when
+    its name's sha256 prefix vouches that the download is that file again (torch checks it), else NOT_FETCHED."""
+    from compress.models.weights import name_hash
+
+    recorded, prefix = entry.get("inputs", {}).get(item.input_key), name_hash(item.path)
+    return recorded if recorded and prefix and recorded.startswith(prefix) else NOT_FETCHED
 
 
 def _external_sha256(item):

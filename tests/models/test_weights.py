@@ -304,3 +304,23 @@ def test_a_weights_path_that_is_a_device_a_pipe_or_a_folder_says_so(tmp_path):
     with pytest.raises(InputError, match=r"^model.teacher_weights: weights file '.*absent.pth' not found$"):
         load_pretrained(build_model("compact_cnn", (1, 8, 8), 10), str(tmp_path / "absent.pth"),
                         "model.teacher_weights")
+
+
+def test_a_download_whose_sha256_does_not_match_its_name_is_refused(torch_home, tmp_path, monkeypatch):
+    """torch checks a download against the sha256 prefix in the weights file's name (resnet18-f37072fd.pth); a
+    file that does not match (a damaged or substituted download) is refused and not left in the cache. Served
+    from a local file:// address, through torch's own download code."""
+    import types
+
+    import compress.models.weights as weights
+
+    served = tmp_path / "served" / "resnet18-f37072fd.pth"
+    served.parent.mkdir()
+    served.write_bytes(b"not the weights")
+    monkeypatch.setenv("COMPRESS_OFFLINE", "0")
+    monkeypatch.setattr(weights, "torchvision_weights", lambda value, model, key: types.SimpleNamespace(
+        url=served.as_uri()))
+    with pytest.raises(InputError, match=r"the downloaded file's sha256 does not begin with f37072fd as its name "
+                                         r"says; download .*resnet18-f37072fd.pth and place it at"):
+        weights.weights_file("pretrained", "torchvision:resnet18", "model.teacher_weights", download=True)
+    assert not (torch_home / "hub" / "checkpoints" / "resnet18-f37072fd.pth").exists()

@@ -37,6 +37,9 @@ def test_a_run_directory_named_in_bytes_that_are_not_utf8_is_refused_before_anyt
     assert "has a name that is not UTF-8 text, which the libraries writing into it refuse; choose a UTF-8 name " \
            "with --run-dir" in result.stderr
     assert os.listdir(tmp_path) == []
+    planned = compress_subprocess("run", "--run-dir", bad, "--set", "data.name=digits", "--dry-run")
+    assert planned.returncode == 2 and "has a name that is not UTF-8 text" in planned.stderr  # as the run would
+    assert os.listdir(tmp_path) == []
     RunDir(str(tmp_path / "café")).check_usable()
 
 

@@ -516,3 +516,20 @@ def test_show_names_the_part_of_an_interrupted_distill_stage_that_resumes(run_co
     assert proc.returncode == 130, proc.stderr[-2000:]
     shown = invoke("show", run_copy).output
     assert "distill  interrupted (its main model trained; baseline resumable at epoch 2, step " in shown, shown
+
+
+def test_a_dry_run_plans_weights_to_download_as_the_file_it_recorded_when_the_name_vouches_for_it():
+    """torchvision's weights files carry the start of their sha256 in their name, and a download is checked
+    against it: a plan whose cache was emptied may take the recorded digest as the file it would fetch again;
+    a recorded digest the name does not vouch for (a file placed by hand) is planned as changed."""
+    from compress.models.weights import name_hash
+    from compress.run.contract import File
+    from compress.run.state import NOT_FETCHED, _to_be_fetched
+
+    item = File("/nowhere/hub/checkpoints/resnet18-f37072fd.pth", "model.teacher_weights")
+    assert name_hash(item.path) == "f37072fd" and name_hash("/x/teacher.pth") is None
+    ours, other = "f37072fd" + "0" * 56, "ab" * 32
+    assert _to_be_fetched(item, {"inputs": {item.input_key: ours}}) == ours
+    assert _to_be_fetched(item, {"inputs": {item.input_key: other}}) == NOT_FETCHED
+    assert _to_be_fetched(item, {}) == NOT_FETCHED
+    assert _to_be_fetched(File("/x/teacher.pth", "model.teacher_weights"), {"inputs": {}}) == NOT_FETCHED
