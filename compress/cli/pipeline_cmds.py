@@ -48,7 +48,7 @@ def resolve_run_dir(run_dir, name, config_path):
               help="Processes on this node; >1 re-launches through torchrun (DDP).")
 @click.option("--max-restarts", type=click.IntRange(0), default=0, show_default=True,
               help="With --nproc-per-node: restart the worker group this many times if a worker dies; "
-                   "restarted workers resume from the last checkpoint (bad input is not retried).")
+                   "restarted workers resume from the last checkpoint (an error is not retried).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Overrides train.device.")
 @click.option("--force", is_flag=True, help="Redo the selected stages even if they are up to date.")
 @click.option("--dry-run", is_flag=True,
