@@ -25,10 +25,14 @@ def relaunch(nproc, max_restarts, argv):
     traceback, and the group is restarted only when a restart can help: when a worker died (killed, out of
     memory, crashed), not when one refused its input, failed a stage's own check or was stopped (each would
     only say the same again)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     for attempt in range(max_restarts + 1):
         os.environ[ATTEMPT_ENV] = str(attempt)  # the workers' `compress run` drops --force after the first
         try:
             codes = _launch_once(nproc, argv)
+        except (SignalException, KeyboardInterrupt):  # between two starts: torch's handlers are still installed
+            codes = None
         finally:
             os.environ.pop(ATTEMPT_ENV, None)
         if codes is None:
