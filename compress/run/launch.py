@@ -27,12 +27,17 @@ def relaunch(nproc, max_restarts, argv):
     only say the same again)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    try:
+        return _start_until_done(nproc, max_restarts, argv)
+    except (SignalException, KeyboardInterrupt):  # also between two starts: torch's handlers stay installed
+        return EXIT_INTERRUPTED
+
+
+def _start_until_done(nproc, max_restarts, argv):
     for attempt in range(max_restarts + 1):
         os.environ[ATTEMPT_ENV] = str(attempt)  # the workers' `compress run` drops --force after the first
         try:
             codes = _launch_once(nproc, argv)
-        except (SignalException, KeyboardInterrupt):  # between two starts: torch's handlers are still installed
-            codes = None
         finally:
             os.environ.pop(ATTEMPT_ENV, None)
         if codes is None:
