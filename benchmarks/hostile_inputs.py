@@ -76,6 +76,13 @@ def copy_run(w, name):
     return dst
 
 
+def with_verdict(w, name, **fields):
+    """A copy of the base run whose export.json verdict has `fields` changed."""
+    run_dir = copy_run(w, name)
+    edit_json(os.path.join(run_dir, "export", "export.json"), lambda d: {**d, "verdict": {**d["verdict"], **fields}})
+    return run_dir
+
+
 def edit_json(path, change):
     with open(path) as f:
         data = json.load(f)
@@ -199,30 +206,22 @@ def forged_chunk(w):
 @case("unsafe", "export.json's verdict file `../../../elsewhere/evil.onnx`: `compress predict`", "export/", 2,
       "tests/deploy/test_export_report.py")
 def verdict_outside(w):
-    run_dir = copy_run(w, "r_evil")
+    run_dir = with_verdict(w, "r_evil", file="../../../elsewhere/evil.onnx")
     os.makedirs(os.path.join(w, "elsewhere"), exist_ok=True)
     shutil.copy(os.path.join(run_dir, "export", "model.int8.onnx"), os.path.join(w, "elsewhere", "evil.onnx"))
-    edit_json(os.path.join(run_dir, "export", "export.json"),
-              lambda d: {**d, "verdict": {**d["verdict"], "file": "../../../elsewhere/evil.onnx"}})
     return ["predict", run_dir, os.path.join(w, "digit.png")]
 
 
 @case("unsafe", "export.json's verdict file `/etc/passwd`: `compress predict`", "export/", 2,
       "tests/deploy/test_export_report.py")
 def verdict_passwd(w):
-    run_dir = copy_run(w, "r_passwd")
-    edit_json(os.path.join(run_dir, "export", "export.json"),
-              lambda d: {**d, "verdict": {**d["verdict"], "file": "/etc/passwd"}})
-    return ["predict", run_dir, os.path.join(w, "digit.png")]
+    return ["predict", with_verdict(w, "r_passwd", file="/etc/passwd"), os.path.join(w, "digit.png")]
 
 
 @case("unsafe", "terminal escapes in export.json's `why`: `compress show`", "\\x1b]0;owned", 0,
       "tests/test_fileio.py")
 def escapes_why(w):
-    run_dir = copy_run(w, "r_esc")
-    edit_json(os.path.join(run_dir, "export", "export.json"),
-              lambda d: {**d, "verdict": {**d["verdict"], "why": "\x1b]0;owned\x07\x1b[2J cleared"}})
-    return ["show", run_dir]
+    return ["show", with_verdict(w, "r_esc", why="\x1b]0;owned\x07\x1b[2J cleared")]
 
 
 @case("unsafe", "a class folder named with an escape sequence", "classes", 0, "tests/test_fileio.py")

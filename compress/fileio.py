@@ -283,6 +283,16 @@ def _refuse_special(entry, what):
                      "an image; reading it would never end - remove it and rerun")
 
 
+def is_utf8_name(name):
+    """Whether a name from the file system is UTF-8 text: bytes that are not come back as surrogates (\\udcff),
+    which JSON, ONNX metadata and some libraries refuse."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def safe_text(text):
     """`text` (a file or folder name, a class name, a message read from a file or raised by a library) safe to
     show on a terminal or write to a log: every control or other non-printable character but the line break is

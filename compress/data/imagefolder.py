@@ -17,7 +17,7 @@ from compress.data.registry import input_shape_of
 from compress.deploy import imageio
 from compress.deploy.folders import class_folders, skipped, split_folders, split_name
 from compress.errors import InputError
-from compress.fileio import open_regular, walk_tree
+from compress.fileio import is_utf8_name, open_regular, walk_tree
 
 log = logging.getLogger(__name__)
 
@@ -196,15 +196,6 @@ def load_imagefolder(cfg, seed, place=None):
     return subset(found["train"], augment), subset(found["val"], None), tuple(found["classes"]), how
 
 
-def _is_text(name):
-    """A name the file system gave as bytes that are not UTF-8 comes back with surrogates (\\udcff) in it."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def class_tree(root, others=None):
     """(class names, [(path, class index)]) of root/<class>/<image> - the order torchvision's ImageFolder uses
     (classes sorted; files by sorted os.walk, then name), hidden files and junk folders left out - refusing fewer
@@ -222,7 +213,7 @@ def class_tree(root, others=None):
     root_real = os.path.realpath(root)
     seen = {}  # real folder -> class name: two classes in one folder would give every image two labels
     for name in names:
-        if not _is_text(name):
+        if not is_utf8_name(name):
             raise InputError(f"data.root: the class folder '{os.path.join(root, name)}' has a name that is not UTF-8 "
                              "text; rename it (class names are written into the ONNX files and the reports)")
         real = os.path.realpath(os.path.join(root, name))
@@ -250,7 +241,7 @@ def class_tree(root, others=None):
             for f in sorted(names_here):
                 if skipped(f):
                     continue
-                if f.lower().endswith(imageio.IMAGE_EXTENSIONS):
+                if _is_image_name(f):
                     files.append(prefix + f)
                 elif others is not None:
                     others[os.path.splitext(f)[1].lower() or f] += 1
@@ -330,7 +321,7 @@ def image_files(root, what="data.unlabeled"):
     found = []
     for folder, files in walk_tree(root, skip=skipped, what=what, read=_is_image_name):
         prefix = os.path.join(folder, "")
-        found.extend(prefix + f for f in files if f.lower().endswith(imageio.IMAGE_EXTENSIONS))
+        found.extend(prefix + f for f in files if _is_image_name(f))
     return found
 
 

@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import re
-import typing
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Optional
 
@@ -540,9 +539,11 @@ def load_config(path=None, overrides=()):
             value = parse_yaml(text, f"--set {key.strip()}") if text.strip() else None
         except yaml.YAMLError:
             value = text
-        if value is None and schema.is_section(Config, key.strip()):
+        section = schema.section_type(Config, key.strip()) if value is None else None
+        if section:
+            example = f"{key.strip()}.{dataclasses.fields(section)[0].name}"
             raise ConfigError([f"'{key.strip()}' is a section, and an empty value would reset every key in it to "
-                               f"the defaults; set a key inside it (e.g. --set {_example_key(key.strip())}=...), "
+                               f"the defaults; set a key inside it (e.g. --set {example}=...), "
                                f"or --set {key.strip()}={{}} to reset it on purpose"], source="--set")
         schema.set_path(raw, key.strip(), value)
     renamed = [f"'{key}' {what}; update the config" for key, what in RENAMED.items()
@@ -553,14 +554,6 @@ def load_config(path=None, overrides=()):
         return schema.build(Config, raw)
     except ConfigError as e:
         raise _named_by_origin(e.problems, path, [item.partition("=")[0].strip() for item in overrides]) from None
-
-
-def _example_key(section):
-    """The section's first key, for a message: 'data' -> 'data.name'."""
-    tp = Config
-    for part in section.split("."):
-        tp = typing.get_type_hints(tp)[part]
-    return f"{section}.{dataclasses.fields(tp)[0].name}"
 
 
 def _named_by_origin(problems, path, set_keys):

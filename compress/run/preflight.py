@@ -92,16 +92,14 @@ def check(cfg, stage_names, world_size, source=None, run_root=None, download=Tru
 
 def _not_fetched(cfg):
     """A note per torchvision weights name whose file is not in torch's cache (a dry run does not download)."""
-    from compress.models.weights import is_weights_name, weights_file
+    from compress.models.weights import is_weights_name, weights_of
 
     notes = []
-    for key in ("teacher_weights", "student_weights"):
-        value = getattr(cfg.model, key)
-        if value and is_weights_name(value):
-            path = weights_file(value, getattr(cfg.model, key.replace("_weights", "")), f"model.{key}")
-            if not os.path.isfile(path):
-                notes.append(f"model.{key}: {value} is not in torch's cache yet; `compress run` downloads it to "
-                             f"{path} first (where the network allows)")
+    for role in ("teacher", "student"):
+        value = getattr(cfg.model, f"{role}_weights")
+        if value and is_weights_name(value) and not os.path.isfile(path := weights_of(cfg.model, role)):
+            notes.append(f"model.{role}_weights: {value} is not in torch's cache yet; `compress run` downloads it to "
+                         f"{path} first (where the network allows)")
     return notes
 
 

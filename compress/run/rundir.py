@@ -21,7 +21,7 @@ import socket
 import stat
 
 from compress.errors import InputError
-from compress.fileio import atomic_write_json, atomic_write_text, read_json, strange_entries
+from compress.fileio import atomic_write_json, atomic_write_text, is_utf8_name, read_json, strange_entries
 
 MANIFEST_FORMAT = "compress-run/1"
 STATUSES = ("running", "complete", "failed", "interrupted")
@@ -106,7 +106,7 @@ class RunDir:
                                  "away and rerun")
 
     def check_writable(self):
-        if self.root != os.fsencode(self.root).decode("utf-8", "replace"):  # bytes kept as surrogates
+        if not is_utf8_name(self.root):
             raise InputError(f"run directory '{self.root}' has a name that is not UTF-8 text, which the libraries "
                              "writing into it refuse; choose a UTF-8 name with --run-dir")
         parent = self.root

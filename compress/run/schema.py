@@ -173,15 +173,14 @@ def get_path(raw, dotted, default=_NONE):
     return node
 
 
-def is_section(cls, dotted):
-    """Whether 'a.b' names a section (a nested dataclass) of `cls`, not a value."""
+def section_type(cls, dotted):
+    """The dataclass of the section 'a.b' names in `cls`, or None when it names a value or nothing."""
     tp = cls
     for part in dotted.split("."):
-        fields = {f.name for f in dataclasses.fields(tp)} if dataclasses.is_dataclass(tp) else ()
-        if part not in fields:
-            return False
+        if not dataclasses.is_dataclass(tp) or part not in {f.name for f in dataclasses.fields(tp)}:
+            return None
         tp = typing.get_type_hints(tp)[part]
-    return dataclasses.is_dataclass(tp)
+    return tp if dataclasses.is_dataclass(tp) else None
 
 
 def set_path(raw, dotted, value):
