@@ -8,9 +8,11 @@
 #
 # Arguments: the image folder, where results go, the seconds the whole script may take. Environment: WORK (run
 # directories and the shared pixel cache, default /tmp/photos), WORKERS (DataLoader workers, default 10), SKIP_INSTALL=1
-# (use the compress already installed), EXTRA (more --set options for every run, e.g. to try the script on a CPU).
+# (use the compress already installed), EXTRA (more --set options for every run, e.g. to try the script on a CPU),
+# SEEDS (default 0,1,2; the first one's run trains the teacher the others copy), SMOKE=0 (skip the one-epoch pass).
 set -uo pipefail
 DATA=$1; OUT=$2; BUDGET=${3:-480}; WORK=${WORK:-/tmp/photos}; WORKERS=${WORKERS:-10}; EXTRA=${EXTRA:-}
+SEEDS=${SEEDS:-0,1,2}; SMOKE=${SMOKE:-1}
 start=$SECONDS
 mkdir -p "$OUT" "$WORK"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
@@ -23,15 +25,15 @@ COMPRESS="$(dirname "$(python3 -c 'import sys; print(sys.executable)')")/compres
 sets=(--set "data.root=$DATA" --set "data.cache_dir=$WORK/pixels" --set "train.num_workers=$WORKERS"
       --set train.progress=false)
 for e in $EXTRA; do sets+=(--set "$e"); done
-if ! timeout 180 "$COMPRESS" run -c photos --run-dir "$WORK/smoke" "${sets[@]}" --set teacher.epochs=1 \
+if [ "$SMOKE" != 0 ] && ! timeout 180 "$COMPRESS" run -c photos --run-dir "$WORK/smoke" "${sets[@]}" --set teacher.epochs=1 \
      --set distill.epochs=1 --set distill.views=1 --set qat.epochs=1 --set qat.max_accuracy_drop=100 > "$OUT/smoke.txt" 2>&1; then
   tail -30 "$OUT/smoke.txt"; cp "$WORK/smoke/log.txt" "$OUT/smoke_log.txt" 2>/dev/null; exit 1
 fi
-echo "every stage ran once at $((SECONDS - start)) s"
+[ "$SMOKE" != 0 ] && echo "every stage ran once at $((SECONDS - start)) s"
 bench=(--set "train.num_workers=$WORKERS"); for e in $EXTRA; do bench+=(--set "$e"); done
 timeout $((BUDGET - (SECONDS - start))) python3 benchmarks/bench_photos.py --root "$DATA" --work "$WORK" \
-  --seeds 0,1,2 --out "$OUT/photos_cuda.json" "${bench[@]}"
+  --seeds "$SEEDS" --teacher-seed "${SEEDS%%,*}" --out "$OUT/photos_cuda.json" "${bench[@]}"
 echo "bench_photos exit $? at $((SECONDS - start)) s"
-for s in 0 1 2; do cp "$WORK/seed$s/log.txt" "$OUT/seed${s}_log.txt" 2>/dev/null; done
-cp "$WORK/seed0/report.md" "$OUT/seed0_report.md" 2>/dev/null
+for s in ${SEEDS//,/ }; do cp "$WORK/seed$s/log.txt" "$OUT/seed${s}_log.txt" 2>/dev/null; done
+cp "$WORK/seed${SEEDS%%,*}/report.md" "$OUT/seed${SEEDS%%,*}_report.md" 2>/dev/null
 exit 0
