@@ -63,7 +63,33 @@ def read_state_dict(path, key):
     except InputError as e:  # replaced or made unreadable since it was looked at
         raise InputError(f"{key}: {e}") from None
     with os.fdopen(fd, "rb") as f:
-        return _read_open(f, path, key)
+        try:
+            return _read_open(f, path, key)
+        except InputError as e:
+            cached = _cache_damage(path, key)
+            raise (InputError(cached) if cached else e) from None
+
+
+def _cache_damage(path, key):
+    """For an unreadable file in torch's weights cache whose content does not match the sha256 its name carries:
+    one sentence saying so and how to get the right one back; '' otherwise (the reader's own message stands)."""
+    import hashlib
+
+    import torch.hub
+
+    folder = os.path.join(torch.hub.get_dir(), "checkpoints")
+    expected = name_hash(path)
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder) or not expected:
+        return ""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest().startswith(expected):
+        return ""
+    return (f"{key}: '{path}' in torch's weights cache is not the file torchvision publishes (its sha256 does not "
+            f"begin with {expected} as its name says: a damaged or different file); delete it and rerun to download "
+            "it again, or place the right file there")
 
 
 def _read_open(f, path, key):

@@ -211,6 +211,23 @@ def test_a_weights_name_that_is_not_there_or_not_the_models_is_one_sentence(torc
         weights_file("pretrained", "compact_cnn", "model.student_weights")
 
 
+def test_a_damaged_file_in_torchs_cache_is_named_with_how_to_get_it_again(torch_home, tmp_path):
+    path = torch_home / "hub" / "checkpoints" / FILE
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"half a download")
+    with pytest.raises(InputError) as e:
+        load_pretrained(build_model("torchvision:mobilenet_v3_small", (3, 32, 32), 10), str(path),
+                        "model.teacher_weights")
+    assert str(e.value) == (
+        f"model.teacher_weights: '{path}' in torch's weights cache is not the file torchvision publishes (its "
+        "sha256 does not begin with 047dcff4 as its name says: a damaged or different file); delete it and rerun to "
+        "download it again, or place the right file there")
+    elsewhere = tmp_path / FILE  # the same bytes outside the cache: the reader's own message, about the file
+    elsewhere.write_bytes(b"half a download")
+    with pytest.raises(InputError, match="is not a plain state dict"):
+        load_pretrained(build_model("torchvision:mobilenet_v3_small", (3, 32, 32), 10), str(elsewhere), "model.x")
+
+
 def photo_folder(root):
     rng = np.random.default_rng(0)
     for split, n in (("train", 12), ("val", 4)):
