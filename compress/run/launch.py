@@ -94,8 +94,10 @@ def _launch_once(nproc, argv):
     for name in list(logging.root.manager.loggerDict):
         if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    args = get_args_parser().parse_args([f"--nproc-per-node={nproc}", "--max-restarts=0", "--module", "compress",
-                                         *argv])
+    # --log-dir /dev/null: the workers print to this terminal and their exit codes say how they ended, so the
+    # agent keeps no per-worker folders (by default a /tmp/torchelastic_* folder left behind by every start)
+    args = get_args_parser().parse_args([f"--nproc-per-node={nproc}", "--max-restarts=0", f"--log-dir={os.devnull}",
+                                         "--module", "compress", *argv])
     # what torchrun's --standalone does: a local c10d rendezvous on a free port (a new one for each start)
     args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     config, cmd, cmd_args = config_from_args(args)

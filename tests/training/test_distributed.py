@@ -37,14 +37,15 @@ def ddp_run(tiny_config, tmp_path_factory):
     """The whole pipeline in 2 processes; every worker lists its threads at exit."""
     run = tmp_path_factory.mktemp("ddp") / "run"
     census = tmp_path_factory.mktemp("census")
+    scratch = tmp_path_factory.mktemp("tmpdir")  # the launcher's and the workers' temporary folder
     proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--nproc-per-node", "2",
-                               env=_census_env(census))
+                               env={**_census_env(census), "TMPDIR": str(scratch)})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return run, proc.stderr, census
+    return run, proc.stderr, census, scratch
 
 
 def test_two_processes_run_the_pipeline_with_identical_replicas(finished_run, ddp_run):
-    run, stderr, _ = ddp_run
+    run, stderr, _, _ = ddp_run
     manifest = json.loads((run / "manifest.json").read_text())["stages"]
     assert all(manifest[s]["world_size"] == 2 for s in ("teacher", "distill", "qat", "export"))
     # every parameter identical across ranks after training; after the freeze epochs, every observer,
@@ -67,6 +68,12 @@ def test_two_processes_run_the_pipeline_with_identical_replicas(finished_run, dd
         assert abs(manifest[stage]["metrics"][key] - single[stage]["metrics"][key]) < 6.0, stage
 
 
+def test_a_multi_process_run_leaves_nothing_in_the_temporary_folder(ddp_run):
+    """torch's elastic agent keeps a folder per start (/tmp/torchelastic_*) that it never removes; the launcher
+    asks it for none, so a run writes only into its run directory."""
+    assert sorted(os.listdir(ddp_run[3])) == []
+
+
 def test_no_process_group_thread_is_left_running_when_a_worker_exits(ddp_run):
     """A gloo group's threads still running at interpreter exit are what a worker can die of after a complete
     stage ("terminate called without an active exception"). The census runs after every other exit handler,
@@ -77,7 +84,7 @@ def test_no_process_group_thread_is_left_running_when_a_worker_exits(ddp_run):
 def test_a_lost_worker_restarts_the_group_which_resumes_identically(ddp_run, tiny_config, tmp_path):
     """kill -9 of rank 1 mid-epoch; --max-restarts 1 restarts both workers, which resume from the last
     checkpoint and end with the weights of the uninterrupted 2-process run."""
-    reference, _, _ = ddp_run
+    reference, _, _, _ = ddp_run
     run = tmp_path / "lost"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts",
