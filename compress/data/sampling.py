@@ -65,9 +65,21 @@ def _leave_stop_signals_to_the_trainer(worker_id):
 
 
 def _exit_soon(signum, frame):
-    timer = threading.Timer(WORKER_GRACE_S, os._exit, (0,))
+    timer = threading.Timer(WORKER_GRACE_S, _exit_now)
     timer.daemon = True
     timer.start()
+
+
+def _exit_now():
+    """Exit the worker from the timer's thread. os._exit skips the interpreter's exit, so multiprocessing's exit
+    handlers run first: they remove the worker's temporary folder (/tmp/pymp-*, holding the socket through which
+    it shared tensors) that would otherwise be left behind."""
+    from multiprocessing import util
+
+    try:
+        util._run_finalizers()
+    finally:
+        os._exit(0)
 
 
 def _loader(dataset, sampler, num_workers, pin_memory):

@@ -351,10 +351,13 @@ def test_sigterm_to_the_process_group_with_dataloader_workers_is_a_graceful_stop
     """`timeout`, a batch scheduler or a closing terminal signal the whole process group, DataLoader workers too
     (the default on CUDA): the workers must not die of it under the training process, which stops at its step with
     a checkpoint and exit 130 - not "unexpected RuntimeError: DataLoader worker ... killed by signal"."""
-    run = tmp_path / "group"
+    run, scratch = tmp_path / "group", tmp_path / "tmpdir"
+    scratch.mkdir()
     base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher", "--set", "train.num_workers=2"]
-    proc = fault_subprocess(*base, fault="teacher:1:5:sigterm-group")
+    proc = fault_subprocess(*base, fault="teacher:1:5:sigterm-group", env={"TMPDIR": str(scratch)})
     assert proc.returncode == 130, proc.stderr[-3000:]
+    # the workers' temporary folders (multiprocessing's pymp-*, holding a socket each) removed as they exit
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("pymp-")]
     assert "stopped: interrupted at epoch 2 of teacher (after 7 of its 51 steps)" in proc.stderr
     assert "killed by signal" not in proc.stderr and "Traceback" not in proc.stderr and "unexpected" not in proc.stderr
     state = read_metadata(run / "teacher" / "last" / "checkpoint.safetensors")["state"]
