@@ -42,12 +42,12 @@ def case(group, name, expect, rc, test):
     return register
 
 
-def run(args, cwd=None, timeout=LIMIT_S):
+def run(args, cwd=None, timeout=LIMIT_S, env=None):
     """(exit code or 'hang', seconds, stdout + stderr) of `compress args` in its own process group."""
     start = time.perf_counter()
     proc = subprocess.Popen([EXE, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=cwd, start_new_session=True, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     try:
         out, _ = proc.communicate(timeout=timeout)
         code = proc.returncode
@@ -369,6 +369,87 @@ def degenerate_std(w):
             "data.std=[0]", "--dry-run"]
 
 
+@case("hang", "a device as the config file (`-c /dev/zero`)", "not a regular file", 2, "tests/run/test_config.py")
+def config_device(w):
+    return ["run", "-c", "/dev/zero", "--run-dir", os.path.join(w, "r_cdev"), "--dry-run"]
+
+
+@case("hang", "a PNG whose header claims 100,000 x 100,000 pixels: `compress predict`", "too large", 2,
+      "tests/test_bad_inputs.py")
+def png_bomb(w):
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    path = os.path.join(w, "bomb.png")
+    Image.new("L", (1, 1)).save(path)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    chunk = b"IHDR" + struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0)
+    data[8:33] = struct.pack(">I", 13) + chunk + struct.pack(">I", zlib.crc32(chunk))
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    return ["predict", os.path.join(w, "base"), path]
+
+
+@case("unsafe", "a link in place of <run>/export (to a folder elsewhere): the export stage rerun", "symbolic link", 2,
+      "tests/test_bad_inputs.py")
+def export_link(w):
+    run_dir = copy_run(w, "r_exlink")
+    shutil.move(os.path.join(run_dir, "export"), os.path.join(w, "export_elsewhere"))
+    os.symlink(os.path.join(w, "export_elsewhere"), os.path.join(run_dir, "export"))
+    return ["run", "--run-dir", run_dir, "--stages", "export", "--force"]
+
+
+@case("unsafe", "an ONNX file whose weights are external data at `/etc/passwd`: `compress predict`", "separate file",
+      2, "tests/test_bad_inputs.py")
+def onnx_external(w):
+    import onnx
+
+    model = onnx.load(os.path.join(w, "base", "export", "model.fp32.onnx"))
+    tensor = max(model.graph.initializer, key=lambda t: len(t.raw_data))
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", "/etc/passwd"
+    path = os.path.join(w, "external.onnx")
+    onnx.save(model, path)
+    return ["predict", path, os.path.join(w, "digit.png")]
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))  # unpickling would create the marker file
+
+
+@case("unsafe", "a pickle whose loading runs code as model.teacher_weights", "weights_only", 2,
+      "tests/test_bad_inputs.py")
+def pickle_code(w):
+    import pickle
+
+    path = os.path.join(w, "teacher.pth")
+    with open(path, "wb") as f:
+        pickle.dump({"conv.weight": _RunsCode(os.path.join(w, "pickle_ran_code"))}, f)
+    return ["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", os.path.join(w, "r_pickle"), "--stages",
+            "teacher", "--set", f"model.teacher_weights={path}"]
+
+
+@case("one sentence", "a damaged file in torch's weights cache (`model.teacher_weights=pretrained`)", "sha256", 2,
+      "tests/models/test_weights.py")
+def damaged_cache(w):
+    home = os.path.join(w, "torch_home")
+    os.makedirs(os.path.join(home, "hub", "checkpoints"))
+    with open(os.path.join(home, "hub", "checkpoints", "resnet18-f37072fd.pth"), "wb") as f:
+        f.write(b"half of a download")
+    return (["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", os.path.join(w, "r_cache"), "--stages",
+             "teacher", "--set", "model.teacher=torchvision:resnet18", "--set", "model.teacher_weights=pretrained"],
+            {"TORCH_HOME": home, "COMPRESS_OFFLINE": "1"})
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="/tmp/hostile", help="scratch folder (emptied first)")
@@ -388,8 +469,9 @@ def main():
         raise SystemExit(f"the base run failed ({code}):\n{out[-2000:]}")
     rows = []
     for group, name, expect, want_rc, test, build in CASES:
-        argv = build(w)
-        code, seconds, out = run(argv)
+        built = build(w)  # the arguments, or (arguments, environment)
+        argv, env = built if isinstance(built, tuple) else (built, {})
+        code, seconds, out = run(argv, env=env)
         lines = [line for line in out.splitlines() if line.strip()]
         last = lines[-1] if lines else ""
         raw = any(ch in out for ch in ("\x1b", "\x07"))
@@ -397,7 +479,8 @@ def main():
         ok = (code != "hang" and (code == want_rc) and "Traceback" not in out and not raw and said
               and (said == 1 or not name.endswith("(said once, not retried)")))
         shown = next((line for line in lines if expect.lower() in line.lower()), last)
-        rows.append({"group": group, "case": name, "command": "compress " + " ".join(map(str, argv)),
+        shell_env = "".join(f"{k}={v} " for k, v in env.items())
+        rows.append({"group": group, "case": name, "command": shell_env + "compress " + " ".join(map(str, argv)),
                      "exit": code, "seconds": round(seconds, 1), "says": shown, "raw_control_chars": raw,
                      "traceback": "Traceback" in out, "ok": ok, "test": test})
     print("| class | case | exit | s | what it says now | ok | test |")

@@ -180,6 +180,17 @@ def test_missing_config_file_and_missing_dataset_folder(tmp_path):
         "folder that holds the images" in preflight.problems(cfg, ["teacher"], 1)
 
 
+def test_a_config_that_is_no_regular_file_is_refused_without_being_read(tmp_path):
+    """A device (/dev/zero would be read forever) or a FIFO (its open would wait for a writer) as -c."""
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):  # in a process of its own: a regression fails here instead of hanging
+        proc = compress_subprocess("config", "-c", path, timeout=HANG)
+        assert proc.returncode == 2 and proc.stderr == (
+            f"error: config file '{path}' is not a regular file (a pipe, device or socket); replace it with the file "
+            "itself\n")
+
+
 def test_parsing_a_config_is_pure():
     """No torch import and no filesystem access while parsing: `compress config` and `--help` stay instant."""
     code = ("import sys; from compress.run.config import load_config; "
