@@ -450,6 +450,15 @@ def damaged_cache(w):
             {"TORCH_HOME": home, "COMPRESS_OFFLINE": "1"})
 
 
+@case("hang", "a temporary folder (TMPDIR) 76 characters long with `train.num_workers=2`", "characters long", 2,
+      "tests/test_cpus.py")
+def long_tmpdir(w):
+    folder = os.path.join(w, "t" * max(1, 76 - len(w) - 1))  # 76 characters: one past what worker sockets allow
+    os.makedirs(folder)
+    return (["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", os.path.join(w, "r_tmpdir"), "--stages", "teacher",
+             "--set", "train.num_workers=2"], {"TMPDIR": folder})
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="/tmp/hostile", help="scratch folder (emptied first)")

@@ -109,12 +109,35 @@ def loader_workers(setting, device_type, local_world=1):
         return setting, "train.num_workers"
     if device_type != "cuda":
         return 0, "auto: CPU"
+    if socket_folder_problem():
+        return 0, f"auto: CUDA, but {socket_folder_problem()}"
     shm = shared_memory_bytes()
     if shm is not None and shm < MIN_SHM_FOR_WORKERS:  # workers hand batches over through it: a bus error
         return 0, (f"auto: CUDA, but /dev/shm holds only {shm / 2**20:.0f} MB, too little for worker processes' "
                    "batches; give it more (docker run --shm-size 8g) or set train.num_workers")
     share = cpu_share(local_world)
     return max(0, min(MAX_AUTO_LOADER_WORKERS, share - 1)), f"auto: CUDA, {share} CPUs for this process"
+
+
+# A worker hands each batch over through a Unix socket at <temporary folder>/pymp-XXXXXXXX/listener-XXXXXXXX (32
+# characters after the folder), and a socket path holds at most 107 bytes: past that the worker's send fails and
+# the training process waits for the batch forever (Python before 3.14 does not fall back to /tmp).
+MAX_SOCKET_PATH = 107
+SOCKET_NAME_CHARS = 32
+
+
+def socket_folder_problem(folder=None):
+    """Why DataLoader worker processes cannot run with this temporary folder (its path too long for their sockets),
+    or ''."""
+    import tempfile
+
+    folder = folder or tempfile.gettempdir()
+    longest = MAX_SOCKET_PATH - SOCKET_NAME_CHARS
+    if len(os.fsencode(folder)) <= longest:
+        return ""
+    return (f"the temporary folder '{folder}' ($TMPDIR) is {len(os.fsencode(folder))} characters long, too long for "
+            f"the sockets worker processes hand batches over through (at most {longest}); set TMPDIR to a shorter "
+            "folder, such as /tmp")
 
 
 def shared_memory_bytes(path="/dev/shm"):

@@ -103,6 +103,17 @@ def finished_run(tmp_path_factory, tiny_config):
 
 
 @pytest.fixture
+def short_tmpdir():
+    """A temporary folder for a subprocess's TMPDIR, short enough for the sockets DataLoader workers use (a path
+    under pytest's tmp_path can pass the 75 characters they allow), removed afterwards."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="compress-", dir="/tmp")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
 def run_copy(finished_run, tmp_path):
     """A private copy of the finished run, free to modify."""
     target = tmp_path / "run"

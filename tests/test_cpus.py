@@ -62,6 +62,33 @@ def test_a_containers_small_dev_shm_keeps_the_gpu_default_to_no_workers(monkeypa
     assert loader_workers(None, "cuda", 1)[0] == min(MAX_AUTO_LOADER_WORKERS, usable_cpus() - 1)
 
 
+def test_a_temporary_folder_too_long_for_the_workers_sockets_is_refused_or_avoided(monkeypatch, tmp_path):
+    """Workers hand batches over through sockets at $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX; a socket path holds
+    107 bytes, and past that the training process waited forever for its first batch. The default falls back to no
+    workers and says why; a count the user set is refused before anything is written."""
+    import tempfile
+
+    import compress.cpus
+    from compress.run import preflight
+    from compress.run.config import load_config
+
+    fits, too_long = "/tmp/" + "x" * 70, "/tmp/" + "x" * 71  # 75 and 76 characters
+    assert compress.cpus.socket_folder_problem(fits) == ""
+    assert compress.cpus.socket_folder_problem(too_long) == (
+        f"the temporary folder '{too_long}' ($TMPDIR) is 76 characters long, too long for the sockets worker "
+        "processes hand batches over through (at most 75); set TMPDIR to a shorter folder, such as /tmp")
+    monkeypatch.setattr(compress.cpus, "shared_memory_bytes", lambda path="/dev/shm": 8 * 2**30)
+    monkeypatch.setattr(tempfile, "tempdir", too_long)
+    workers, why = loader_workers(None, "cuda", 1)
+    assert workers == 0 and why.startswith("auto: CUDA, but the temporary folder") and "set TMPDIR" in why
+    cfg = load_config(None, ["train.num_workers=2"])
+    assert "train.num_workers: DataLoader worker processes cannot run here: the temporary folder " \
+        f"'{too_long}' ($TMPDIR) is 76 characters long" in " ".join(preflight.problems(cfg, ["teacher"], 1))
+    assert not [p for p in preflight.problems(cfg, ["export"], 1) if "num_workers" in p]  # no worker there
+    monkeypatch.setattr(tempfile, "tempdir", fits)
+    assert not [p for p in preflight.problems(cfg, ["teacher"], 1) if "num_workers" in p]
+
+
 @pytest.mark.e2e
 def test_a_run_takes_the_users_omp_num_threads_and_says_so(tmp_path, tiny_config):
     from conftest import compress_subprocess

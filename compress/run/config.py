@@ -165,7 +165,9 @@ class TrainConfig:
                                           "images; the pixels are the same with any number); null: 0 on a CPU, whose "
                                           "cores the training step needs, and on CUDA this process's CPUs - 1, at "
                                           "most 8, to keep the GPU fed (0 where /dev/shm, through which they hand "
-                                          "over batches, is under 1 GB, as a container's default 64 MB is); "
+                                          "over batches, is under 1 GB, as a container's default 64 MB is, or where "
+                                          "the temporary folder's path is too long for their sockets: over 75 "
+                                          "characters); "
                                           "evaluation, with nothing to augment, then runs in the process")
     checkpoint_every: int = _f(0, "also write the resume checkpoint every N steps (0: at the end of each epoch)")
     progress: bool = _f(True, "show a progress bar on rank 0 when stderr is a terminal")

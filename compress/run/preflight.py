@@ -68,6 +68,12 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
         for runtime in cfg.export.runtimes or ():
             if missing(runtime):
                 found.append(f"export.runtimes: {missing(runtime)}, or leave {runtime} out of export.runtimes")
+    if cfg.train.num_workers and set(stage_names) & set(TRAINING_STAGES):
+        from compress.cpus import socket_folder_problem
+
+        if socket_folder_problem():
+            found.append(f"train.num_workers: DataLoader worker processes cannot run here: {socket_folder_problem()} "
+                         "(or set train.num_workers=0)")
     for stage in stage_names:
         if stage in TRAINING_STAGES and not (stage == "teacher" and cfg.teacher.epochs == 0):
             batch = getattr(cfg, stage).batch_size

@@ -3,6 +3,7 @@ resume from a mid-epoch point, clipping, divergence named; and through real runs
 loss, each ending with weights bit-identical to an uninterrupted run with the same seed."""
 
 import json
+import pathlib
 import random
 import re
 import signal
@@ -347,12 +348,12 @@ def test_a_closed_terminal_stops_training_like_ctrl_c(tiny_config, tmp_path):
 
 
 @pytest.mark.e2e
-def test_sigterm_to_the_process_group_with_dataloader_workers_is_a_graceful_stop(tiny_config, tmp_path):
+def test_sigterm_to_the_process_group_with_dataloader_workers_is_a_graceful_stop(tiny_config, tmp_path,
+                                                                                  short_tmpdir):
     """`timeout`, a batch scheduler or a closing terminal signal the whole process group, DataLoader workers too
     (the default on CUDA): the workers must not die of it under the training process, which stops at its step with
     a checkpoint and exit 130 - not "unexpected RuntimeError: DataLoader worker ... killed by signal"."""
-    run, scratch = tmp_path / "group", tmp_path / "tmpdir"
-    scratch.mkdir()
+    run, scratch = tmp_path / "group", pathlib.Path(short_tmpdir)
     base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher", "--set", "train.num_workers=2"]
     proc = fault_subprocess(*base, fault="teacher:1:5:sigterm-group", env={"TMPDIR": str(scratch)})
     assert proc.returncode == 130, proc.stderr[-3000:]
