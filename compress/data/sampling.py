@@ -1,6 +1,7 @@
 """Which samples each process trains and evaluates on, batch by batch, reproducibly from (seed, epoch)."""
 
 import os
+import shutil
 import signal
 import threading
 
@@ -71,13 +72,15 @@ def _exit_soon(signum, frame):
 
 
 def _exit_now():
-    """Exit the worker from the timer's thread. os._exit skips the interpreter's exit, so multiprocessing's exit
-    handlers run first: they remove the worker's temporary folder (/tmp/pymp-*, holding the socket through which
-    it shared tensors) that would otherwise be left behind."""
-    from multiprocessing import util
+    """Exit the worker from the timer's thread. os._exit skips the interpreter's exit handlers, one of which removes
+    the worker's temporary folder (/tmp/pymp-*, holding the socket through which it shared tensors): remove it here.
+    Only that: the other handlers join the worker's queue threads, which could wait on the training process."""
+    from multiprocessing import process
 
     try:
-        util._run_finalizers()
+        folder = process.current_process()._config.get("tempdir")  # where multiprocessing.util keeps it
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
     finally:
         os._exit(0)
 
