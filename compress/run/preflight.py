@@ -68,12 +68,7 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
         for runtime in cfg.export.runtimes or ():
             if missing(runtime):
                 found.append(f"export.runtimes: {missing(runtime)}, or leave {runtime} out of export.runtimes")
-    if cfg.train.num_workers and set(stage_names) & set(TRAINING_STAGES):
-        from compress.cpus import socket_folder_problem
-
-        if socket_folder_problem():
-            found.append(f"train.num_workers: DataLoader worker processes cannot run here: {socket_folder_problem()} "
-                         "(or set train.num_workers=0)")
+    found.extend(_worker_problems(cfg, stage_names))
     for stage in stage_names:
         if stage in TRAINING_STAGES and not (stage == "teacher" and cfg.teacher.epochs == 0):
             batch = getattr(cfg, stage).batch_size
@@ -81,6 +76,16 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
                 found.append(f"{stage}.batch_size: {batch} does not split evenly over {world_size} processes; "
                              f"use a multiple of {world_size}")
     return found
+
+
+def _worker_problems(cfg, stage_names):
+    """DataLoader workers the config asks for that could not run here (their sockets' folder path too long)."""
+    from compress.cpus import socket_folder_problem
+
+    if not (cfg.train.num_workers and set(stage_names) & set(TRAINING_STAGES)) or not socket_folder_problem():
+        return []
+    return [f"train.num_workers: DataLoader worker processes cannot run here: {socket_folder_problem()} (or set "
+            "train.num_workers=0)"]
 
 
 def check(cfg, stage_names, world_size, source=None, run_root=None, download=True):
