@@ -429,11 +429,10 @@ class _RunsCode:
 @case("unsafe", "a pickle whose loading runs code as model.teacher_weights", "weights_only", 2,
       "tests/test_bad_inputs.py")
 def pickle_code(w):
-    import pickle
+    import torch
 
-    path = os.path.join(w, "teacher.pth")
-    with open(path, "wb") as f:
-        pickle.dump({"conv.weight": _RunsCode(os.path.join(w, "pickle_ran_code"))}, f)
+    path = os.path.join(w, "teacher.pth")  # torch.save pickles the object and its __reduce__ as is
+    torch.save({"conv.weight": _RunsCode(os.path.join(w, "pickle_ran_code"))}, path)
     return ["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", os.path.join(w, "r_pickle"), "--stages",
             "teacher", "--set", f"model.teacher_weights={path}"]
 

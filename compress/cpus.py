@@ -109,8 +109,8 @@ def loader_workers(setting, device_type, local_world=1):
         return setting, "train.num_workers"
     if device_type != "cuda":
         return 0, "auto: CPU"
-    if socket_folder_problem():
-        return 0, f"auto: CUDA, but {socket_folder_problem()}"
+    if problem := socket_folder_problem():
+        return 0, f"auto: CUDA, but {problem}"
     shm = shared_memory_bytes()
     if shm is not None and shm < MIN_SHM_FOR_WORKERS:  # workers hand batches over through it: a bus error
         return 0, (f"auto: CUDA, but /dev/shm holds only {shm / 2**20:.0f} MB, too little for worker processes' "
@@ -132,10 +132,10 @@ def socket_folder_problem(folder=None):
     import tempfile
 
     folder = folder or tempfile.gettempdir()
-    longest = MAX_SOCKET_PATH - SOCKET_NAME_CHARS
-    if len(os.fsencode(folder)) <= longest:
+    longest, length = MAX_SOCKET_PATH - SOCKET_NAME_CHARS, len(os.fsencode(folder))
+    if length <= longest:
         return ""
-    return (f"the temporary folder '{folder}' ($TMPDIR) is {len(os.fsencode(folder))} characters long, too long for "
+    return (f"the temporary folder '{folder}' ($TMPDIR) is {length} characters long, too long for "
             f"the sockets worker processes hand batches over through (at most {longest}); set TMPDIR to a shorter "
             "folder, such as /tmp")
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from compress.errors import InputError
-from compress.fileio import open_regular
+from compress.fileio import open_regular, sha256_file
 
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "weights")
 
@@ -73,19 +73,13 @@ def read_state_dict(path, key):
 def _cache_damage(path, key):
     """For an unreadable file in torch's weights cache whose content does not match the sha256 its name carries:
     one sentence saying so and how to get the right one back; '' otherwise (the reader's own message stands)."""
-    import hashlib
-
     import torch.hub
 
     folder = os.path.join(torch.hub.get_dir(), "checkpoints")
     expected = name_hash(path)
     if os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder) or not expected:
         return ""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest().startswith(expected):
+    if sha256_file(path, follow_links=True, what="weights file").startswith(expected):
         return ""
     return (f"{key}: '{path}' in torch's weights cache is not the file torchvision publishes (its sha256 does not "
             f"begin with {expected} as its name says: a damaged or different file); delete it and rerun to download "

@@ -82,10 +82,11 @@ def _worker_problems(cfg, stage_names):
     """DataLoader workers the config asks for that could not run here (their sockets' folder path too long)."""
     from compress.cpus import socket_folder_problem
 
-    if not (cfg.train.num_workers and set(stage_names) & set(TRAINING_STAGES)) or not socket_folder_problem():
+    if not (cfg.train.num_workers and set(stage_names) & set(TRAINING_STAGES)):
         return []
-    return [f"train.num_workers: DataLoader worker processes cannot run here: {socket_folder_problem()} (or set "
-            "train.num_workers=0)"]
+    problem = socket_folder_problem()
+    return [f"train.num_workers: DataLoader worker processes cannot run here: {problem} (or set "
+            "train.num_workers=0)"] if problem else []
 
 
 def check(cfg, stage_names, world_size, source=None, run_root=None, download=True):
