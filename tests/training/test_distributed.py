@@ -88,7 +88,8 @@ def test_a_lost_worker_restarts_the_group_which_resumes_identically(ddp_run, tin
     run = tmp_path / "lost"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts",
-         "1", FAULTS, "run", "-c", tiny_config, "--run-dir", str(run), "--stages", "teacher"],
+         "1", "--log-dir", str(tmp_path / "elastic"), FAULTS, "run", "-c", tiny_config, "--run-dir", str(run),
+         "--stages", "teacher"],
         capture_output=True, text=True, timeout=600,
         env={**os.environ, "OMP_NUM_THREADS": "1", "COMPRESS_FAULT": "teacher:1:6:kill:1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -103,8 +104,9 @@ def test_a_replica_that_drifts_fails_the_stage(tiny_config, tmp_path):
     update (DDP never re-sends parameters, so the replicas stay apart) fails the stage, naming the tensor."""
     run = tmp_path / "drift"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", FAULTS, "run",
-         "-c", tiny_config, "--run-dir", str(run), "--stages", "teacher", "--set", "teacher.epochs=1"],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--log-dir",
+         str(tmp_path / "elastic"), FAULTS, "run", "-c", tiny_config, "--run-dir", str(run), "--stages", "teacher",
+         "--set", "teacher.epochs=1"],
         capture_output=True, text=True, timeout=600,
         env={**os.environ, "OMP_NUM_THREADS": "1", "COMPRESS_FAULT": "teacher:0:3:perturb:1"})
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -116,7 +118,8 @@ def test_torchrun_launch_trains_the_teacher(tiny_config, tmp_path):
     run = tmp_path / "torchrun"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "compress", "run", "-c", tiny_config, "--run-dir", str(run), "--stages", "teacher",
+         "--log-dir", str(tmp_path / "elastic"), "-m", "compress", "run", "-c", tiny_config, "--run-dir", str(run),
+         "--stages", "teacher",
          "--set", "teacher.epochs=1", "--set", "data.augment=none"],
         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -145,7 +148,8 @@ def test_two_nodes_on_one_machine_train_as_one_group(tiny_config, tmp_path):
         return subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
              "--node-rank", str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-             "--rdzv-id", "compress-test", "-m", "compress", "run", "-c", tiny_config, "--run-dir", str(run),
+             "--rdzv-id", "compress-test", "--log-dir", str(tmp_path / f"elastic{rank}"), "-m", "compress",
+             "run", "-c", tiny_config, "--run-dir", str(run),
              "--stages", "teacher,distill", "--set", "teacher.epochs=1", "--set", "distill.epochs=1",
              # two "nodes" share this machine's cores: one thread each, as each would have its own cores
              "--set", "train.threads=1"],
