@@ -174,7 +174,8 @@ def choose_float_layers(ctx, float_model, data):
         timer.close()
     figures = {"mode": f"latency-aware (batch {batch}, {threads_text(threads)})", "runtime": "onnxruntime",
                **figures}
-    tried = "; ".join(f"{t['float']} float {t['with_float_ms']:.2f} ms vs int8 {t['int8_ms']:.2f} ms "
+    tried = "; ".join(f"{t['float']} stays int8: {t['skipped']}" if "skipped" in t else
+                      f"{t['float']} float {t['with_float_ms']:.2f} ms vs int8 {t['int8_ms']:.2f} ms "
                       f"({'kept float' if t['kept_float'] else 'stays int8'})" for t in figures["tried"])
     slower = figures["chosen_ms"] > figures["fp32_ms"] and not layers
     log.info("qat: with every layer int8 the student is %s in onnxruntime; kept float: %s - a layer stays float only "

@@ -238,6 +238,11 @@ CASES = {
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.float_layers=[stem, nosuch]"],
         "qat.float_layers: compact_cnn (model.student) has no layer 'nosuch'; available layers: stem"),
+    "qat: every layer float": (  # an int8 file without an int8 layer fails export's check after QAT trained
+        lambda r, t: None,
+        lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.float_layers=[stem, block1, block2, "
+                      "classifier]"],
+        "keeps every layer of model.student float (stem.0, block1.0.0, block2.0, classifier)"),
     "qat: one float layer not given as a list": (
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "qat", "--set", "qat.float_layers=stem"],

@@ -10,13 +10,13 @@ from compress.fileio import one_line
 DEFAULT_RUN = "artifacts/default"
 
 
-def _existing_run(run_dir):
+def _existing_run(run_dir, command):
     from compress.run.rundir import RunDir
 
     if run_dir is None:
         if not os.path.isfile(os.path.join(DEFAULT_RUN, "manifest.json")):
             raise click.BadParameter(f"no run directory given, and {DEFAULT_RUN} holds no run; pass one, e.g. "
-                                     "compress show artifacts/cifar10", param_hint="RUN_DIR")
+                                     f"compress {command} artifacts/cifar10", param_hint="RUN_DIR")
         run_dir = DEFAULT_RUN
     run = RunDir(run_dir)
     if not run.exists():
@@ -43,7 +43,7 @@ def show(run_dir):
     from compress.run.state import stage_states
     from stages import STAGES
 
-    run = _existing_run(run_dir)
+    run = _existing_run(run_dir, "show")
     manifest = run.manifest()
     states = stage_states(run, STAGES, manifest)
     holder = lock_holder(run)
@@ -118,7 +118,7 @@ def report(run_dir):
     from compress.run.rundir import RunLock
     from stages import STAGES
 
-    run = _existing_run(run_dir)
+    run = _existing_run(run_dir, "report")
     with RunLock(run):
         echo(markdown_table(write_report(run, STAGES)))
     for note in build_rows(run, STAGES)[1]:

@@ -4,6 +4,7 @@ numpy and onnxruntime only."""
 
 import glob
 import os
+import shlex
 
 import numpy as np
 
@@ -52,8 +53,8 @@ def deployed_file(path):
 def _export_run(path):
     run = run_of(path)
     if not os.path.isfile(export_report.report_path(run)):
-        raise InputError(f"'{path}' is a folder without export/export.json; pass an .onnx file, or a run directory "
-                         "whose export stage ran (compress run --stages export)")
+        raise InputError(f"'{path}' is a folder without export/export.json; pass an .onnx file, or finish this run "
+                         f"first (compress run --run-dir {shlex.quote(str(run))})")
     return run
 
 

@@ -8,7 +8,8 @@ export, and time with onnxruntime on real validation images, interleaved with th
 several rounds: the least noise-prone estimate on a shared machine). Greedy from "every layer int8": try
 keeping float the stem (a first convolution on few channels), the classifier, and the depthwise convolutions;
 a group stays float only when the whole model gets faster by more than `margin`; a kept stem grows into a
-longer float prefix while that keeps paying.
+longer float prefix while that keeps paying. A trial that would leave no layer in int8 is not tried: the int8 file
+must hold int8 layers (export checks it), and whether int8 pays at all is the export verdict's call.
 """
 
 import copy
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 def quantizable_layers(model):
     """Names of the Conv2d / Linear modules (the layers that get int8 weights), in module order."""
     return [name for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+
+
+def covered(float_layers, layers):
+    """The names in `layers` that `float_layers` keeps float: a layer itself, or a module it sits in."""
+    return [n for n in layers if any(n == f or n.startswith(f + ".") for f in float_layers)]
 
 
 def candidate_groups(model):
@@ -93,6 +99,10 @@ def choose_float_layers(timer, model, margin=0.05, stop=None):
         if stop:
             stop()
         trial = sorted(set(chosen) | set(group))
+        if len(trial) >= len(layers):
+            figures["tried"].append({"float": label, "layers": group, "kept_float": False,
+                                     "skipped": "it would leave no layer in int8"})
+            continue
         current_ms, trial_ms = timer.compare(tuple(chosen), tuple(trial))
         kept = trial_ms < current_ms * (1 - margin)
         figures["tried"].append({"float": label, "layers": group, "int8_ms": round(current_ms, 4),
@@ -111,6 +121,8 @@ def _grow_prefix(timer, layers, chosen, best_ms, margin, figures):
         if layer in chosen:
             continue
         trial = sorted(set(chosen) | {layer})
+        if len(trial) >= len(layers):
+            break
         current_ms, trial_ms = timer.compare(tuple(chosen), tuple(trial))
         kept = trial_ms < current_ms * (1 - margin)
         figures["tried"].append({"float": f"prefix up to {layer}", "layers": [layer], "int8_ms": round(current_ms, 4),

@@ -363,13 +363,19 @@ def _plan(cfg, run, stage_names, force, world):
             if not upstream:
                 raise
             action, why = "run", str(e)
-        if upstream:  # whatever the files say now, its input is about to change
-            first = upstream[0]
-            rel = STAGES[first.stage].OUTPUTS[first.output]
-            exists = os.path.isfile(run.path(rel))
-            action, why = "run", (f"{first.stage} runs first and replaces {rel}" if exists else
-                                  f"after {first.stage}, which writes {rel}")
+        if upstream:  # whatever the files say now, its inputs are about to change
+            upstream.sort(key=lambda i: list(STAGES).index(i.stage))
+            names = _and(list(dict.fromkeys(i.stage for i in upstream)))
+            rels = [STAGES[i.stage].OUTPUTS[i.output] for i in upstream]
+            s = "" if len(upstream) > 1 else "s"
+            exists = all(os.path.isfile(run.path(rel)) for rel in rels)
+            action, why = "run", (f"{names} run{s} first and replace{s} {_and(rels)}" if exists else
+                                  f"after {names}, which write{s} {_and(rels)}")
         if action != "skip":
             running[name] = action
         rows.append((name, action, why))
     return data, rows
+
+
+def _and(items):
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]

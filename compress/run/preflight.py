@@ -160,13 +160,20 @@ def _model_problems(cfg, stage_names):
 
 
 def _float_layer_problems(float_layers, model, model_cfg, key):
-    """A qat.float_layers name the quantized model has not: it used to be ignored - every layer int8 - while the
-    report and the ONNX metadata listed it as kept in float."""
+    """qat.float_layers naming a layer the quantized model has not (the report and the ONNX metadata would list
+    it as float while it is int8), or covering every layer (the int8 file would hold no int8 layer)."""
     from compress.models.features import layer_list
+    from compress.quant.mixed_precision import covered, quantizable_layers
 
     names = dict(model.named_modules())
-    return [f"qat.float_layers: {getattr(model_cfg, key.split('.')[1])} ({key}) has no layer '{name}'; available "
-            f"layers: {layer_list(model)}" for name in float_layers or () if not name or name not in names]
+    found = [f"qat.float_layers: {getattr(model_cfg, key.split('.')[1])} ({key}) has no layer '{name}'; available "
+             f"layers: {layer_list(model)}" for name in float_layers or () if not name or name not in names]
+    layers = quantizable_layers(model)
+    if float_layers and not found and len(covered(float_layers, layers)) == len(layers):
+        found.append(f"qat.float_layers: {list(float_layers)} keeps every layer of {key} float "
+                     f"({', '.join(layers)}), so the int8 file would hold no int8 layer; leave at least one out "
+                     "(--set 'qat.float_layers=[]' quantizes them all)")
+    return found
 
 
 def _output_problem(model, shape, classes):

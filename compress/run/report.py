@@ -10,6 +10,7 @@ latency, timed by export) is shown only while the file it was measured on is sti
 import logging
 import os
 import re
+import shlex
 
 from compress.errors import CompressError
 from compress.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -39,6 +40,7 @@ def build_rows(run, stages):
     manifest = run.manifest()
     states = stage_states(run, stages, manifest)
     rows, notes = {}, []
+    refresh = f"compress run --run-dir {shlex.quote(str(run.root))}"
     for name, spec in stages.items():
         entry = manifest["stages"].get(name) or {}
         state, detail = states[name]
@@ -63,10 +65,10 @@ def build_rows(run, stages):
             if batch and row.get("latency_b64_ms") is not None:
                 row["latency_batch"] = batch
         if state != "complete":
-            notes.append(f"{name} is stale ({detail}): its rows are marked; `compress run` brings it up to date")
+            notes.append(f"{name} is stale ({detail}): its rows are marked; `{refresh}` brings it up to date")
         elif changed:
             notes.append(f"{name}: {', '.join(changed)} changed after the stage wrote it: its figures are not that "
-                         f"file's, and the rows are marked; `compress run` writes it again")
+                         f"file's, and the rows are marked; `{refresh} --stages {name} --force` writes it again")
         elif hasattr(spec, "report_notes"):
             notes.extend(spec.report_notes(entry))
         for row in produced:

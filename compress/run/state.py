@@ -271,20 +271,23 @@ def files_changed(run, recorded, rels):
 
 
 def missing_upstream(run, cfg, stage_names, stages):
-    """The first required input of a requested stage that neither the run directory holds nor an earlier stage of
-    this run writes, as one sentence; '' when every stage will find its inputs. Asked before anything is written,
+    """The required inputs of the first requested stage that neither the run directory holds nor an earlier stage
+    of this run writes, in one sentence; '' when every stage will find its inputs. Asked before anything is written,
     so `--stages teacher,export` in a new run directory stops now, not after the teacher has trained."""
     from compress.run.contract import Input
 
     entries = run.manifest()["stages"]
     for name in stage_names:
         spec = stages[name]
+        missing = []
         for item in spec.inputs(ConfigView(cfg, spec.CONFIG_KEYS)):
             if not isinstance(item, Input) or not item.required or item.stage in stage_names:
                 continue
             rel, present = _upstream_output(run, entries, stages, item)
             if not present:
-                return f"{name}: {_missing_message(run, entries, item, rel)}"
+                missing.append(_missing_message(run, entries, item, rel))
+        if missing:  # every one at once: finishing the first should not reveal the next
+            return f"{name}: " + "; and ".join(missing)
     return ""
 
 

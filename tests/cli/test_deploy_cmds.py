@@ -134,7 +134,8 @@ def test_deployment_errors_are_one_clear_line(finished_run, tmp_path):
         (("bench", tmp_path / "junk.onnx"), "is not an ONNX model"),
         (("bench", model, "--batch", "0"), "positive whole numbers"),
         (("bench", model, "--threads", "2,2"), "give each value once, got '2,2'"),
-        (("bench", tmp_path), "is a folder without export/export.json"),
+        (("bench", tmp_path), f"is a folder without export/export.json; pass an .onnx file, or finish this run "
+                              f"first (compress run --run-dir {tmp_path})"),
         # no images at all is an error, not a silent exit 0
         (("predict", model, tmp_path / "empty"), f"no images in '{tmp_path / 'empty'}': give image files"),
         (("eval", finished_run, tmp_path / "absent"), "is not a folder"),

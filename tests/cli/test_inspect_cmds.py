@@ -56,3 +56,11 @@ def test_show_qualifies_the_verdict_of_an_export_json_changed_by_hand(run_copy):
     assert "modified   export/export.json" in shown.stdout
     assert shown.stdout.splitlines()[-1] == ("deploy (from an export.json changed since export wrote it) "
                                              "export/other.onnx: all good")
+
+
+@pytest.mark.parametrize("command", ["show", "report"])
+def test_without_a_run_directory_the_example_is_the_command_itself(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no artifacts/default here
+    result = invoke(command)
+    assert result.exit_code == 2
+    assert f"holds no run; pass one, e.g. compress {command} artifacts/cifar10" in result.stderr

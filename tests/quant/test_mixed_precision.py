@@ -72,6 +72,20 @@ def test_depthwise_convolutions_are_tried_as_one_group():
     assert chosen == sorted(depthwise) and figures["tried"][-1]["float"] == "depthwise convolutions"
 
 
+def test_at_least_one_layer_stays_int8_even_when_every_layer_is_faster_in_float():
+    """A two-layer model (a convolution and a classifier) both faster in float: keeping both float would leave an
+    'int8' file without an int8 layer, which export refuses - so the last group is not tried, and says why."""
+    from torch import nn
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    timer = CostTimer({"0": 1, "4": 1}, {"0": 3, "4": 3})
+    chosen, figures = choose_float_layers(timer, model)
+    assert chosen == ["0"]
+    assert figures["tried"][-1] == {"float": "classifier", "layers": ["4"], "kept_float": False,
+                                    "skipped": "it would leave no layer in int8"}
+    assert len(timer.asked) == 2  # fp32 vs all-int8, then the stem: the classifier was never timed
+
+
 def test_a_stop_request_is_honoured_between_candidates():
     calls = []
 

@@ -98,7 +98,8 @@ def test_a_stage_needs_its_input(tmp_path, tiny_config):
 
 
 @pytest.mark.parametrize("stages, missing", [
-    ("teacher,export", "export: run the distill stage first: distill/model.safetensors"),
+    ("teacher,export", "export: run the distill stage first: distill/model.safetensors is not in "),
+    ("teacher,export", "; and run the qat stage first: qat/qat.safetensors is not in "),  # both, not one by one
     ("teacher,distill,export", "export: run the qat stage first: qat/qat.safetensors"),
     ("teacher,qat", "qat: run the distill stage first: distill/model.safetensors"),
 ])
@@ -161,10 +162,15 @@ def test_dry_run_says_what_each_stage_would_do_and_writes_nothing(finished_run, 
     assert lines["teacher"].split()[1] == "skip"
     assert lines["distill"].split()[1] == "run" and "config changed (distill.epochs)" in lines["distill"]
     assert "distill runs first and replaces distill/model.safetensors" in lines["qat"]
+    assert ("distill and qat run first and replace distill/model.safetensors and qat/qat.safetensors"
+            in lines["export"])  # export reads both (and the teacher, which does not run): the plan names both
     assert sorted(os.listdir(run)) == before and torch is not None
     fresh = invoke("run", "--run-dir", tmp_path / "new", "--dry-run")
     teacher = next(line for line in fresh.stdout.splitlines() if line.startswith("teacher"))
     assert fresh.exit_code == 0 and "not run yet" in teacher
+    export = next(line for line in fresh.stdout.splitlines() if line.startswith("export"))
+    assert ("after teacher, distill and qat, which write teacher/model.safetensors, distill/model.safetensors and "
+            "qat/qat.safetensors") in export
     assert not (tmp_path / "new").exists()
 
 

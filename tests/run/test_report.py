@@ -15,6 +15,8 @@ def test_the_report_marks_rows_that_are_no_longer_current(run_copy):
     report = (run_copy / "report.md").read_text()
     assert "| int8 ONNX (onnxruntime) *(stale)* |" in report and "| fp32 ONNX (onnxruntime) *(stale)* |" in report
     assert "export is stale (qat/qat.safetensors changed since this stage ran)" in report
+    # the command that refreshes it names this run directory: a bare `compress run` would start artifacts/default
+    assert f"`compress run --run-dir {run_copy}` brings it up to date" in report
     teacher_row = next(line for line in report.splitlines() if line.startswith("| teacher"))
     assert teacher_row.endswith("| - | - |") is False  # the teacher is current; export's timing of it still holds
     rows = json.loads((run_copy / "report.json").read_text())["rows"]
