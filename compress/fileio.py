@@ -143,14 +143,15 @@ def open_regular(path, what="file", follow_links=False):
     return fd
 
 
-def read_bytes(path, what="file", limit=None, follow_links=False):
-    """The bytes of a regular file (see `open_regular`), refusing files larger than `limit`."""
+def read_bytes(path, what="file", limit=None, follow_links=False, too_large=None):
+    """The bytes of a regular file (see `open_regular`), refusing files larger than `limit` (with `too_large`,
+    or a sentence for a file compress wrote)."""
     fd = open_regular(path, what, follow_links)
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if limit is not None and size > limit:
-            raise InputError(f"{what} '{path}' is {size:,} bytes, far more than compress ever writes there; "
-                             "restore it or move it away")
+            raise InputError(too_large or f"{what} '{path}' is {size:,} bytes, far more than compress ever writes "
+                             "there; restore it or move it away")
         return f.read() if limit is None else f.read(limit + 1)
 
 

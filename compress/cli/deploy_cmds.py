@@ -93,7 +93,7 @@ def _warn_if_training_images(model, root):
 
     run = run_of(model) if os.path.isdir(model) else os.path.dirname(os.path.dirname(os.path.abspath(model)))
     try:
-        data = (read_yaml(os.path.join(run, "config.yaml")) or {}).get("data") or {}
+        data = (read_yaml(os.path.join(run, "config.yaml"), follow_links=False) or {}).get("data") or {}
     except (CompressError, OSError, AttributeError):
         return
     if data.get("name") != "imagefolder" or not data.get("root"):
@@ -299,7 +299,7 @@ def _run_files(path):
     run, files = run_files(path)
     _warn_if_unverified(run, *files.values())
     try:
-        e = load_config(os.path.join(run, "config.yaml")).export
+        e = load_config(os.path.join(run, "config.yaml"), follow_links=False).export
     except (CompressError, OSError):  # a run directory without a readable config: bench's own defaults
         return tuple(files.values()), (None, None, None, None)
     return tuple(files.values()), (e.latency_batch_sizes, e.latency_repeats, e.latency_warmup, e.latency_threads)

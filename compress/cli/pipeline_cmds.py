@@ -29,6 +29,10 @@ def resolve_run_dir(run_dir, name, config_path):
                                f"X is --run-dir artifacts/X)")
     if run_dir:
         return run_dir
+    if name is not None and (not name.strip() or name in (".", "..") or "/" in name or os.sep in name
+                             or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+        raise click.BadParameter(f"{name!r} is not a run name: give one folder name under artifacts/ (letters, "
+                                 "digits, - and _), or a path with --run-dir", param_hint="--name")
     stem = os.path.splitext(os.path.basename(config_path))[0] if config_path else "default"
     return os.path.join("artifacts", name or stem)
 
@@ -74,7 +78,8 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
     stage_names = parse_stages(",".join(stages) if stages else ",".join(STAGE_ORDER))
     run_dir = resolve_run_dir(run_dir, name, config_path)
     config_path, note = recipes.resolve(config_path)
-    if not config_path and os.path.isfile(os.path.join(run_dir, "config.yaml")):
+    own_config = not config_path and os.path.lexists(os.path.join(run_dir, "config.yaml"))
+    if own_config:  # the run's own file: read as it is, never through a link (it is printed back in errors)
         config_path = os.path.join(run_dir, "config.yaml")
     elif not config_path and not overrides and os.path.isdir(os.path.join(run_dir, "cache", "pixels")) and \
             not os.path.lexists(os.path.join(run_dir, "manifest.json")):
@@ -83,7 +88,7 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
                          "digits)")
     overrides = list(overrides) + ([f"train.device={device}"] if device else [])
     try:
-        cfg = load_config(config_path, overrides)
+        cfg = load_config(config_path, overrides, follow_links=not own_config)
     except CompressError as e:  # every torchrun worker parses the same config: let rank 0 alone say so
         from compress.errors import MirroredError
 

@@ -13,7 +13,7 @@ from compress.deploy.folders import class_folders, skipped, split_folders
 from compress.deploy.imageio import IMAGE_EXTENSIONS, printable
 from compress.deploy.onnx_model import fixed_batch_error
 from compress.errors import InputError
-from compress.fileio import walk_tree
+from compress.fileio import one_line, walk_tree
 
 
 def run_of(path):
@@ -114,8 +114,11 @@ def labelled_tree(root, class_names):
                          f"model's classes ({_some(class_names, 5)})")
     unknown = [c for c in classes if c not in class_names]
     if unknown:
+        splits = [c for c in unknown if c.lower() in SPLIT_NAMES]
+        hint = (f"; if '{os.path.join(root, splits[0])}' holds the class folders, pass that" if splits
+                and not any(c in class_names for c in classes) else "")
         raise InputError(f"'{root}' has class folder(s) the model does not know: {_some(unknown, 5)}; the model's "
-                         f"classes are {_some(class_names, 10)}")
+                         f"classes are {_some(class_names, 10)}{hint}")
     samples = [(p, class_names.index(c)) for c in classes for p in image_paths([os.path.join(root, c)])]
     if not samples:
         raise InputError(f"'{root}' holds no images in its class folders")
@@ -143,9 +146,13 @@ def unread_note(root, samples, class_names):
                if empty else ""))
 
 
+SPLIT_NAMES = ("train", "val", "valid", "validation", "test")
+
+
 def _some(names, most):
-    """Up to `most` names, and how many more: 'a, b, c and 7 more'."""
-    shown = ", ".join(names[:most])
+    """Up to `most` names, each on one line (names come from folders and from model files), and how many more:
+    'a, b, c and 7 more'."""
+    shown = ", ".join(one_line(n) for n in names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 

@@ -530,9 +530,9 @@ RENAMED = {  # keys that earlier versions accepted: say what became of them inst
 }
 
 
-def load_config(path=None, overrides=()):
+def load_config(path=None, overrides=(), follow_links=True):
     """Read a YAML file (or start from the defaults), apply `key.path=value` overrides, validate everything."""
-    raw = read_yaml(path) if path else {}
+    raw = read_yaml(path, follow_links) if path else {}
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
@@ -541,6 +541,8 @@ def load_config(path=None, overrides=()):
             value = parse_yaml(text, f"--set {key.strip()}") if text.strip() else None
         except yaml.YAMLError:
             value = text
+        if isinstance(value, str) and value != text.strip() and not text.strip().startswith(("'", '"')):
+            value = text.strip()  # YAML would cut or rewrite it (`/photos #2` loses ` #2`): text as typed
         section = schema.section_type(Config, key.strip()) if value is None else None
         if section:
             example = f"{key.strip()}.{dataclasses.fields(section)[0].name}"
@@ -574,17 +576,18 @@ MAX_YAML_DEPTH = 32  # levels of nesting: a config nests 3 or 4
 MAX_YAML_VALUES = 100_000  # values in the tree once aliases are expanded: a config holds a few hundred
 
 
-def read_yaml(path):
-    """The mapping a YAML config file holds ({} when empty): a regular file (a pipe is refused, not waited on),
-    UTF-8, aliases bounded and keys unique (`parse_yaml`)."""
+def read_yaml(path, follow_links=True):
+    """The mapping a YAML config file holds ({} when empty): a regular file (a pipe is refused, not waited on;
+    a symbolic link too unless `follow_links`, as for a run directory's own config.yaml), UTF-8, aliases bounded
+    and keys unique (`parse_yaml`)."""
     if not os.path.lexists(path):
         raise InputError(f"config file '{path}' not found; pass an existing YAML file with --config")
     if os.path.isdir(path):
         raise InputError(f"config file '{path}' is a directory; pass a YAML file with --config")
-    data = read_bytes(path, "config file", limit=MAX_YAML_BYTES, follow_links=True)
-    if len(data) > MAX_YAML_BYTES:
-        raise ConfigError([f"the file is {len(data):,} bytes or more, far more than a config; is it really a YAML "
-                           "config?"], source=path)
+    too_large = f"config file '{path}' is over {MAX_YAML_BYTES:,} bytes, far more than a config; is it really one?"
+    data = read_bytes(path, "config file", limit=MAX_YAML_BYTES, follow_links=follow_links, too_large=too_large)
+    if len(data) > MAX_YAML_BYTES:  # grew while read (a special file posing as regular)
+        raise InputError(too_large)
     try:
         raw = parse_yaml(data.decode("utf-8"), path)
     except UnicodeDecodeError:
@@ -670,6 +673,8 @@ def _expanded_size(root, source):
 
 
 SEXAGESIMAL_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+INT_TAG = "tag:yaml.org,2002:int"
+OTHER_BASE = re.compile(r"[-+]?0(b[01_]+|[0-7_]+)$")  # octal and binary; 0x (hex) is unambiguous
 
 
 def _refuse_misread_yaml(root, path):
@@ -699,6 +704,10 @@ def _refuse_misread_yaml(root, path):
             raise ConfigError([f"{prefix + ': ' if prefix else ''}'{node.value}' reads as a base-60 number in YAML ("
                                f"{yaml.safe_load(node.value)}); write the number itself, or quote it if text is "
                                "meant"], source=path)
+        elif node.tag == INT_TAG and OTHER_BASE.match(str(node.value)):  # YAML 1.1 reads 010 as 8, 0b11 as 3
+            raise ConfigError([f"{prefix + ': ' if prefix else ''}'{node.value}' reads as a number in another base "
+                               f"in YAML ({yaml.safe_load(node.value)}); write it without the leading 0 (or 0b), or "
+                               "quote it if text is meant"], source=path)
 
 
 def dump_config(cfg):

@@ -142,7 +142,7 @@ def read_config(path):
     """The config a run directory's config.yaml holds (as the next plain `compress run` there reads it), or None
     when it cannot be read back (then nothing is said about the stages left out; the run itself is done)."""
     try:
-        return load_config(path, [])
+        return load_config(path, [], follow_links=False)
     except CompressError:
         return None
 
@@ -177,7 +177,7 @@ def _check_before_writing(cfg, run, stage_names, world):
         log.info("%s", line)
     for note in data["notes"]:
         log.warning("data: %s", note)
-    return read_yaml(run.config_path) if os.path.isfile(run.config_path) else None
+    return read_yaml(run.config_path, follow_links=False) if os.path.isfile(run.config_path) else None
 
 
 def _record_new_digests(run, name, inputs):

@@ -29,6 +29,26 @@ def test_repeated_stages_add_up_and_a_name_beside_a_run_dir_is_refused(tmp_path)
     assert not (tmp_path / "run").exists() and not (tmp_path / "artifacts").exists()
 
 
+@pytest.mark.parametrize("name", ["../../escape", "/tmp/x", "", ".", "a\x1b[31mred"])
+def test_a_run_name_stays_one_folder_under_artifacts(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", "--name", name, "--dry-run")
+    assert result.exit_code == 2 and "is not a run name: give one folder name under artifacts/" in result.output
+
+
+def test_a_run_directorys_config_is_not_read_through_a_link(run_copy, tmp_path):
+    """A link in place of <run>/config.yaml is refused before it is read: its target's lines would be printed
+    back as unknown keys (a link to /etc/shadow printed the password hashes)."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("hunter2: yes\n")
+    (run_copy / "config.yaml").unlink()
+    (run_copy / "config.yaml").symlink_to(secret)
+    for args in (["run", "--run-dir", run_copy, "--dry-run"], ["run", "--run-dir", run_copy]):
+        result = invoke(*args)
+        assert result.exit_code == 2 and "hunter2" not in result.output
+        assert f"config file '{run_copy / 'config.yaml'}' is a symbolic link" in result.stderr
+
+
 def test_stages_are_listed_with_inputs_and_outputs():
     result = invoke("stages")
     assert result.exit_code == 0

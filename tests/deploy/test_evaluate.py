@@ -103,3 +103,19 @@ def test_eval_says_which_files_it_did_not_read_and_which_classes_that_left_empty
     assert ("note: skipped 1 file(s) in the class folders that are not images compress reads (1 .gif); convert them "
             "to one of .jpg") in result.stderr
     assert "class folder(s) 3 hold no other image, so their accuracy is not measured" in result.stderr
+
+
+def test_a_class_folder_mismatch_names_classes_on_one_line_and_a_split_folder_to_pass(tmp_path):
+    """The model's class names come from its file: a line break in one must not print a line compress did not
+    write. A folder holding only val/ is named as the folder to pass."""
+    from compress.deploy.evaluate import labelled_tree
+    from compress.errors import InputError
+
+    (tmp_path / "val" / "cat").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "val" / "cat" / "a.png")
+    with pytest.raises(InputError) as caught:
+        labelled_tree(str(tmp_path), ["cat", "b\nc"])
+    message = str(caught.value)
+    assert "\n" not in message and "the model's classes are cat, b\\nc" in message
+    assert f"if '{tmp_path / 'val'}' holds the class folders, pass that" in message
+    assert labelled_tree(str(tmp_path / "val"), ["cat", "b\nc"])[1] == [(str(tmp_path / "val" / "cat" / "a.png"), 0)]

@@ -151,6 +151,35 @@ def test_a_number_yaml_would_read_in_base_60_is_refused(tmp_path):
     assert text.data.root == "/photos/12:30"
 
 
+def test_a_number_yaml_would_read_in_another_base_is_refused(tmp_path):
+    """YAML 1.1 reads a plain 010 as 8 and 0b11 as 3: refused in --set and in a file, naming the key; hex (0x10)
+    and a plain 0 are what they look like."""
+    with pytest.raises(ConfigError, match=r"config error in --set seed: '010' reads as a number in another base in "
+                                          r"YAML \(8\); write it without the leading 0"):
+        load_config(None, ["seed=010"])
+    config = tmp_path / "c.yaml"
+    config.write_text("teacher:\n  epochs: 0b11\n")
+    with pytest.raises(ConfigError, match=r"teacher.epochs: '0b11' reads as a number in another base in YAML \(3\)"):
+        load_config(str(config), [])
+    assert load_config(None, ["seed=0x10"]).seed == 16 and load_config(None, ["seed=0"]).seed == 0
+
+
+def test_a_set_string_keeps_what_yaml_would_cut():
+    """--set data.root=/photos #2 is a folder named '/photos #2', not '/photos' and a comment; an anchor or a tag
+    is text too. Quoted, YAML's quotes still apply."""
+    for text in ("/photos #2", "&a /photos", "!!str /photos"):
+        assert load_config(None, ["data.name=imagefolder", f"data.root={text}"]).data.root == text
+    assert load_config(None, ["data.name=imagefolder", "data.root='/my photos'"]).data.root == "/my photos"
+
+
+def test_an_oversized_config_file_is_called_that(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("# " + "x" * (1 << 20) * 17 + "\n")
+    with pytest.raises(InputError, match=r"config file '.*big.yaml' is over [\d,]+ bytes, far more than a config; "
+                                         r"is it really one\?"):
+        load_config(str(big), [])
+
+
 def test_override_without_equals_sign_is_a_config_error():
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load_config(None, ["teacher.epochs"])
