@@ -5,9 +5,10 @@ dict). `module.` (DDP) and `_orig_mod.` (torch.compile) prefixes are stripped, a
 (Lightning's `model.`, `net.`, ...) when without it the keys fit the model; a classifier head of another size,
 or none at all (backbone-only weights), gets a new head trained from scratch (the note returned says so); a
 first convolution made for another number of image channels is named as such; any other mismatch is an error
-naming the keys. Weights that fit but hold NaN or infinite values, or store as integers what the model keeps as
-floating point, are refused naming the tensor; a path that is not a regular file (a device, a pipe, a folder) is
-refused without being opened.
+naming the keys. Weights that fit but hold NaN or infinite values (as stored, or once cast to the model's dtype),
+store as integers what the model keeps as floating point, or are not dense CPU tensors of values (sparse, meta), are
+refused naming the tensor; a path that is not a regular file (a device, a pipe, a folder) is refused without being
+opened.
 """
 
 import os
@@ -261,16 +262,31 @@ def and_more(keys):
     return keys[0] + (f" (and {more} more tensor{'s' if more > 1 else ''})" if more else "")
 
 
+def _finite(v, dtype):
+    """Whether `v` holds no NaN or infinity, as stored and once cast to the model's `dtype` (1e300 in a float64
+    file is inf as float32)."""
+    return all(bool(torch.isfinite(t).all()) for t in (v, v.to(dtype)) if t.is_floating_point())
+
+
 def _value_problem(state, target):
-    """What makes weights that fit the model's keys and shapes unusable, or '': a tensor stored as integers where
-    the model's is floating-point (integer buffers, such as BatchNorm's num_batches_tracked, may stay integers),
-    or NaN or infinite values, which no training or evaluation can recover from."""
+    """What makes weights that fit the model's keys and shapes unusable, or '': a tensor that is not a dense CPU
+    one of values (sparse, meta: checked first, as the other checks cannot read them), a tensor stored as integers
+    where the model's is floating-point (integer buffers, such as BatchNorm's num_batches_tracked, may stay
+    integers), or NaN or infinite values, which no training or evaluation can recover from."""
     keys = [k for k in target if k in state]
+    odd = [k for k in keys if state[k].layout != torch.strided or state[k].device.type != "cpu"]
+    if odd:
+        if state[odd[0]].is_meta:
+            return (f"holds {and_more(odd)} as a meta tensor (a shape without values); save the state dict of a model "
+                    "whose weights hold values, not one built on the meta device")
+        layout = str(state[odd[0]].layout).removeprefix("torch.")
+        return (f"holds {and_more(odd)} as a {layout} tensor, not a dense one; save the state dict with dense CPU "
+                "tensors (`tensor.to_dense()`)")
     integers = [k for k in keys if target[k].is_floating_point() and not state[k].is_floating_point()]
     if integers:
         return (f"stores {and_more(integers)} as {state[integers[0]].dtype} where the model has floating-point "
                 "weights; save the state dict with its float tensors")
-    bad = [k for k in keys if state[k].is_floating_point() and not bool(torch.isfinite(state[k]).all())]
+    bad = [k for k in keys if not _finite(state[k], target[k].dtype)]
     if bad:
         return f"holds NaN or infinite values in {and_more(bad)}; it cannot be used as weights - pass another file"
     return ""
@@ -291,7 +307,9 @@ def load_pretrained(model, path, key):
     replaced = {k: tuple(state[k].shape) for k in sorted(heads) if k in state and state[k].shape != target[k].shape}
     whole_head_absent = heads and not heads & set(state) and _keys_fit(state, target, heads)
     absent = sorted(heads) if whole_head_absent else []  # backbone-only weights
-    for k in [*replaced, *absent]:
+    # one head tensor that does not fit (the bias alone, too) makes the whole head a new one: the model's own
+    new_head = sorted(heads & set(state)) if replaced else []
+    for k in [*new_head, *absent]:
         state[k] = target[k]
     problem = key_mismatch(target, state, "wrong shape", lambda t, v: t.shape != v.shape,
                            lambda k, v: f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}")
@@ -314,10 +332,10 @@ def load_pretrained(model, path, key):
         note += f" (the prefix '{prefix}' stripped from its keys)"
     if aux:
         note += f" (its auxiliary classifiers {', '.join(aux)} left out: compress trains without them)"
-    weight = next((k for k in replaced if k.endswith("weight")), None)
-    if weight:
-        note += (f"; its classifier head {weight} {replaced[weight]} was replaced by a new one of shape "
-                 f"{tuple(target[weight].shape)} ({NEW_HEAD})")
+    if replaced:
+        shown = next((k for k in replaced if k.endswith("weight")), next(iter(replaced)))
+        note += (f"; its classifier head {shown} {replaced[shown]} was replaced by a new one of shape "
+                 f"{tuple(target[shown].shape)} ({NEW_HEAD})")
     elif absent:
         shown = next((k for k in absent if k.endswith("weight")), absent[0])
         note += (f"; it holds no classifier head ({', '.join(absent)}), so a new one of shape "

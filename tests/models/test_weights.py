@@ -298,6 +298,57 @@ def test_weights_holding_nan_or_stored_as_integers_are_refused_naming_the_tensor
     assert same(state, model.state_dict())
 
 
+def test_float64_weights_that_overflow_the_models_float32_are_refused_as_infinite(tmp_path):
+    """1e300 is finite as stored (float64) and inf once cast to the model's float32: the teacher then predicted one
+    class. The check is on the values the model would hold."""
+    from safetensors.torch import save_file
+
+    state = {k: v.double() if v.is_floating_point() else v
+             for k, v in build_model("resnet14", (1, 8, 8), 10).state_dict().items()}
+    state["classifier.bias"][0] = 1e300
+    save_file(state, tmp_path / "huge.safetensors")
+    with pytest.raises(InputError) as e:
+        load_pretrained(build_model("resnet14", (1, 8, 8), 10), str(tmp_path / "huge.safetensors"),
+                        "model.teacher_weights")
+    assert str(e.value) == (f"model.teacher_weights: '{tmp_path / 'huge.safetensors'}' holds NaN or infinite values "
+                            "in classifier.bias; it cannot be used as weights - pass another file")
+    state["classifier.bias"][0] = 1e30  # float64 that fits float32 still loads
+    save_file(state, tmp_path / "fits.safetensors")
+    model = build_model("resnet14", (1, 8, 8), 10)
+    load_pretrained(model, str(tmp_path / "fits.safetensors"), "model.teacher_weights")
+    assert model.state_dict()["classifier.bias"][0] == torch.tensor(1e30, dtype=torch.float32)
+
+
+def test_a_head_whose_bias_alone_does_not_fit_is_a_new_head_trained_from_scratch(tmp_path):
+    """The right-shaped weight with a bias of another size: the whole head is the model's own new one and the note
+    says so (preflight's `teacher.epochs: 0` guard reads it), not a fresh bias loaded silently."""
+    state = resnet18_state()
+    torch.save({**state, "fc.bias": torch.zeros(3)}, tmp_path / "bias.pth")
+    model = fresh_resnet18()
+    own_head = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("fc.")}
+    note = load_pretrained(model, str(tmp_path / "bias.pth"), "model.teacher_weights")
+    assert note == ("model.teacher_weights: loaded bias.pth; its classifier head fc.bias (3,) was replaced by a new "
+                    "one of shape (5,) (trained from scratch)")
+    loaded = model.state_dict()
+    assert same(state, loaded, skip=("fc.weight", "fc.bias")) and same(own_head, loaded)
+
+
+@pytest.mark.filterwarnings("ignore:Validating sparse tensor invariants")
+def test_sparse_or_meta_tensors_are_refused_naming_the_tensor(tmp_path):
+    state = build_model("resnet14", (1, 8, 8), 10).state_dict()
+    conv = state["stem.0.weight"]
+    for name, tensor, expected in (
+            ("sparse.pth", conv.to_sparse(), "holds stem.0.weight as a sparse_coo tensor, not a dense one; save the "
+                                             "state dict with dense CPU tensors (`tensor.to_dense()`)"),
+            ("meta.pth", torch.empty_like(conv, device="meta"),
+             "holds stem.0.weight as a meta tensor (a shape without values); save the state dict of a model whose "
+             "weights hold values, not one built on the meta device")):
+        torch.save({**state, "stem.0.weight": tensor}, tmp_path / name)
+        with pytest.raises(InputError) as e:
+            load_pretrained(build_model("resnet14", (1, 8, 8), 10), str(tmp_path / name), "model.teacher_weights")
+        assert str(e.value) == f"model.teacher_weights: '{tmp_path / name}' {expected}"
+
+
 @pytest.mark.e2e
 def test_a_teacher_of_nan_weights_taken_as_given_is_refused_before_anything_is_written(tmp_path, tiny_config):
     unusable_copies(tmp_path)
