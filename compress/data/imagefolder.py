@@ -15,7 +15,7 @@ from compress.data.imageset import UNLABELLED, FileImages, ImageSet
 from compress.data.pixels import unreadable_sentence
 from compress.data.registry import input_shape_of
 from compress.deploy import imageio
-from compress.deploy.folders import class_folders, skipped, split_folders, split_name
+from compress.deploy.folders import SPLIT_FOLDERS, class_folders, skipped, split_folders, split_name
 from compress.errors import InputError
 from compress.fileio import is_utf8_name, open_regular, walk_tree
 
@@ -76,6 +76,7 @@ def _scan(cfg):
             keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.split_seed))[:cfg.limit]
             train = [train[i] for i in sorted(keep.tolist())]
         layout = f"{os.path.basename(train_dir)}/ and {held_out}/ folders, used as given"
+        notes += _unused_splits(root, train_dir, held_out)
     else:
         tree = train_dir if os.path.isdir(train_dir) else root
         parent = os.path.dirname(os.path.normpath(root))
@@ -99,6 +100,20 @@ def _scan(cfg):
                      f"reads ({kinds}); images in another format must be converted to one of "
                      f"{', '.join(imageio.IMAGE_EXTENSIONS)}")
     return {"layout": layout, "classes": names, "train": train, "val": val, "notes": notes}
+
+
+def _unused_splits(root, train_dir, held_out):
+    """A note naming the split folders beside train/ that are not read (test/ beside val/: only the first held-out
+    folder there is validates), so images a user put there are not silently left out."""
+    unused = sorted(e.name for e in os.scandir(root) if e.is_dir() and split_name(e.name) and e.name != held_out
+                    and os.path.join(root, e.name) != train_dir)
+    if not unused:
+        return []
+    shown = ", ".join(f"{imageio.printable(name)}/" for name in unused)
+    them = "its images" if len(unused) == 1 else "their images"
+    return [f"validation uses {held_out}/; {shown} beside it {'is' if len(unused) == 1 else 'are'} not used "
+            f"(compress validates on the first of {', '.join(f'{n}/' for n in SPLIT_FOLDERS)} there is): to "
+            f"validate on {them} too, move them into {held_out}/"]
 
 
 SAMPLED = 200  # headers read for the EXIF orientation note: ~20 ms, spread evenly over the images
@@ -235,7 +250,7 @@ def class_tree(root, others=None):
                              f"is one level too high; set data.root={inner}")
     samples = []
     for index, name in enumerate(names):
-        files = []
+        files, passed = [], Counter()  # this class's files that are no image it reads, by suffix
         for folder, names_here in _walk(os.path.join(root, name)):
             prefix = os.path.join(folder, "")  # one join a folder, not one a file: 1.28 M files are listed in seconds
             for f in sorted(names_here):
@@ -243,11 +258,17 @@ def class_tree(root, others=None):
                     continue
                 if _is_image_name(f):
                     files.append(prefix + f)
-                elif others is not None:
-                    others[os.path.splitext(f)[1].lower() or f] += 1
-        if not files:
+                else:
+                    passed[os.path.splitext(f)[1].lower() or f] += 1
+        if not files:  # a class of .heic photos: say which files were passed over, not only that none was read
+            kinds = ", ".join(imageio.printable(suffix, 20) for suffix, _ in passed.most_common(5))
+            kinds += ", ..." if len(passed) > 5 else ""
+            why = (f": {sum(passed.values()):,} file(s) skipped ({kinds}); convert them to one of "
+                   f"{', '.join(imageio.IMAGE_EXTENSIONS)}" if passed else "; add images or remove the folder")
             raise InputError(f"data.root: class folder '{os.path.join(root, name)}' holds no images (.jpg, .png, "
-                             "...); add images or remove the folder")
+                             f"...){why}")
+        if others is not None:
+            others.update(passed)
         samples.extend((f, index) for f in files)
     return names, samples
 

@@ -73,11 +73,16 @@ def open_image(path, max_pixels=None, decode=True, at_least=None):
         raise InputError(f"image '{path}' is too large to decode safely (over {limit:,} pixels; a decompression "
                          "bomb?); resize it first") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        why = e.__class__.__name__  # Pillow's own words only where they add to it ("image file is truncated")
-        if not isinstance(e, UnidentifiedImageError) and str(e) and str(path) not in str(e):
-            why += f": {printable(str(e), 80)}"
-        raise InputError(f"cannot read image '{path}' ({why}); fix or remove it "
-                         "(PNG, JPEG, BMP, TIFF, WebP are read)") from None
+        raise unreadable(path, e, named=not isinstance(e, UnidentifiedImageError)) from None
+
+
+def unreadable(path, e, named=True):
+    """The InputError for an image Pillow cannot read or convert: its error's class, and with `named` its own
+    words where they add to it ("image file is truncated", "conversion from LAB to RGB not supported")."""
+    why = e.__class__.__name__
+    if named and str(e) and str(path) not in str(e):
+        why += f": {printable(str(e), 80)}"
+    return InputError(f"cannot read image '{path}' ({why}); fix or remove it (PNG, JPEG, BMP, TIFF, WebP are read)")
 
 
 ORIENTATION = 0x0112  # the EXIF tag that tells a viewer to rotate or mirror the stored pixels
@@ -115,9 +120,10 @@ def to_channels(im, channels, path="image"):
             a = a / HIGH_DEPTH_MODES[im.mode]
         plane = Image.fromarray(a.astype(np.float32), mode="F")
         return ([plane] * channels if channels == 3 else [plane]), 1.0
-    if channels == 1:
-        return im.convert("L"), 255.0
-    return im.convert("RGB"), 255.0
+    try:  # Pillow converts most modes, not all (LAB, La): such a file is unreadable, like one it cannot decode
+        return im.convert("L" if channels == 1 else "RGB"), 255.0
+    except (OSError, ValueError) as e:
+        raise unreadable(path, e) from None
 
 
 def resize_and_crop(im, rule):

@@ -466,3 +466,31 @@ def test_names_that_are_not_utf8_image_files_read_class_folders_refused(tmp_path
     with pytest.raises(InputError, match=r"data.root: the class folder '.*d\udcf6g' has a name that is not UTF-8 "
                                          r"text; rename it \(class names are written into the ONNX files"):
         scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'photos'}"))
+
+
+def test_a_class_of_files_compress_does_not_read_says_how_many_were_skipped_and_which(tmp_path):
+    """A class folder of .gif photos (and a .heic one) holds no image compress reads: the error counts the files it
+    passed over and names their suffixes, so the fix (convert them) is in the sentence."""
+    sized_image_tree(tmp_path, ["train", "val"], count=2)
+    for f in (tmp_path / "train" / "dog").iterdir():
+        f.unlink()
+    for i in range(7):
+        Image.new("RGB", (8, 8), (i, 0, 0)).save(tmp_path / "train" / "dog" / f"{i}.gif")
+    (tmp_path / "train" / "dog" / "phone.heic").write_bytes(b"\0\0\0\x18ftypheic")
+    with pytest.raises(InputError) as e:
+        load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=8"), seed=0)
+    assert str(e.value).startswith(f"data.root: class folder '{tmp_path / 'train' / 'dog'}' holds no images (.jpg, "
+                                   ".png, ...): 8 file(s) skipped (.gif, .heic); convert them to one of .jpg, .jpeg")
+
+
+def test_a_held_out_folder_left_unused_beside_the_one_validated_on_is_named(tmp_path):
+    """train/ with valid/ and test/: valid/ is the validation split, and the notes (logged before training, shown
+    by --dry-run) say test/ is not read."""
+    sized_image_tree(tmp_path, ["train", "valid", "test"], count=2)
+    result = invoke("run", "--dry-run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder",
+                    "--set", f"data.root={tmp_path}", "--set", "data.image_size=8")
+    assert result.exit_code == 0, result.output
+    assert "train/ and valid/ folders, used as given" in result.output
+    assert ("data: validation uses valid/; test/ beside it is not used (compress validates on the first of val/, "
+            "valid/, validation/, test/ there is): to validate on its images too, move them into valid/"
+            in result.output)

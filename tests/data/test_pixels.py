@@ -134,6 +134,17 @@ def test_every_unreadable_image_is_named_in_one_error_and_their_chunk_is_not_kep
     assert recorded["complete"] is False and recorded["chunks"] == {}  # the chunk with the bad files is not kept
 
 
+def test_an_image_pillow_cannot_convert_is_refused_in_one_sentence_naming_it(tmp_path):
+    """A LAB TIFF decodes, but Pillow cannot convert it to grayscale: training refuses it as an unreadable file
+    (decode_chunk collects InputErrors only), not with Pillow's ValueError."""
+    files = photos(tmp_path / "img", [(30, 40)] * 2)
+    lab = str(tmp_path / "img" / "lab.tif")
+    Image.new("LAB", (30, 40)).save(lab)
+    _, shapes, bad = pixels.decode_chunk(files + [lab], 1, pixels.keep_aspect(32), threads=2)
+    assert len(shapes) == 2 and [path for path, _ in bad] == [lab]
+    assert bad[0][1].startswith(f"cannot read image '{lab}' (ValueError: conversion from LAB to RGB not supported)")
+
+
 def test_a_large_set_outside_a_run_says_what_fixes_decoding_every_batch(tmp_path):
     files = photos(tmp_path / "img", [(200, 300)] * 3)
     held = cached_set(files, None, budget=2**30)

@@ -121,3 +121,16 @@ def test_an_empty_file_is_named_as_empty(tmp_path):
         open_image(str(tmp_path / "empty.jpg"))
     path = tmp_path / "empty.jpg"
     assert str(e.value) == f"cannot read image '{path}' (the file is empty: 0 bytes); fix or remove it"
+
+
+def test_an_image_pillow_cannot_convert_is_skipped_like_an_unreadable_one(finished_run, tmp_path):
+    """A LAB TIFF decodes, but Pillow has no conversion from LAB to grayscale (the digits model's one channel):
+    predict names it as unreadable and still classifies the others, instead of aborting on Pillow's ValueError."""
+    Image.new("LAB", (28, 28)).save(tmp_path / "lab.tif")
+    Image.fromarray(_val_digit(tmp_path)).save(tmp_path / "digit.png")
+    model = finished_run / "export" / "model.fp32.onnx"
+    result = invoke("predict", model, tmp_path / "lab.tif", tmp_path / "digit.png")
+    assert result.exit_code == 2, result.output
+    assert (f"skipped: cannot read image '{tmp_path / 'lab.tif'}' (ValueError: conversion from LAB to RGB not "
+            "supported); fix or remove it") in result.stderr
+    assert f"{tmp_path / 'digit.png'}: " in result.stdout and "unexpected" not in result.stderr
