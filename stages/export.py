@@ -58,8 +58,12 @@ def run(ctx):
     ctx.begin()
     paths = _write_files(ctx, float_model, int8_model, qconfig, model_name, data)
     files, sizes = {k: os.path.basename(p) for k, p in paths.items()}, {k: os.path.getsize(p) for k, p in paths.items()}
+    log.info("export: %s written; checking them on the %d validation images", ", ".join(files.values()),
+             len(data.val))
     measured = measure_accuracy(float_model, int8_model, paths, eval_loader(data.val, cfg.train.eval_batch_size, 0, 1))
     stop_if_asked("after checking parity")
+    log.info("export: timing the files in %s (batch %s)", ", ".join(runtimes),
+             ", ".join(str(b) for b in e.latency_batch_sizes))
     busy = _cpus_busy(ctx)
     tables = {rt: latency_tables(paths, e.latency_batch_sizes, e.latency_threads, e.latency_repeats, e.latency_warmup,
                                  stop=stop_if_asked, runtime=rt) for rt in runtimes}

@@ -163,6 +163,8 @@ def choose_float_layers(ctx, float_model, data):
     images = data.val.batch(range(min(len(data.val), max(batch, 64)))).x
     calibration = list(images.split(32))
     threads = max(e.latency_threads or default_threads())  # the thread count of the cell the export verdict weighs
+    log.info("qat: timing int8 candidates in onnxruntime (batch %d) to choose the layers kept in float; "
+             "--set 'qat.float_layers=[]' skips this", batch)
     timer = mixed_precision.Timer(float_model, calibration, images[:batch], q, threads=threads, opset=e.opset)
     stop = lambda: interrupt.stop_if_asked("in qat (while timing int8 candidates)")  # noqa: E731
     try:

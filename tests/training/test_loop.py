@@ -224,6 +224,26 @@ def test_a_resumed_epochs_progress_bar_counts_from_where_it_resumed():
     assert " 4/5 " in stream.text and " 5/5 " in stream.text and " 1/2 " not in stream.text
 
 
+def test_without_a_terminal_progress_is_a_log_line_now_and_then(caplog):
+    """Where stderr is no terminal (nohup, CI, a file) there is no bar to draw, but a long pass still says where
+    it is: a log line every plain_every_s seconds, none at the end (the epoch's own line follows)."""
+    import io
+    import logging
+
+    from compress.training.progress import Progress
+
+    stream = io.StringIO()
+    with caplog.at_level(logging.INFO, logger="compress.training.progress"):
+        bar = Progress(5, "teacher 1/3", stream=stream, done=1, plain_every_s=0.0)
+        for _ in range(4):
+            bar.update()
+        quiet = Progress(5, "teacher 1/3", stream=stream, plain_every_s=3600.0)
+        quiet.update()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("teacher 1/3: step 2/5, ") and "s left in this pass" in lines[0]
+    assert len(lines) == 3 and stream.getvalue() == ""  # steps 2-4, not 5/5; no bar characters in the file
+
+
 def test_weights_blown_up_by_a_step_fail_the_stage_with_advice_not_an_exception():
     """A huge learning rate can leave weights non-finite after an update whose loss was still finite; the next
     forward of a QAT model then fails inside a fake-quant observer (no zero point fits a NaN range) before any
