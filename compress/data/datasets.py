@@ -105,8 +105,8 @@ def describe(cfg, unlabeled=False):
     """What the config's data is, found without decoding an image: {"lines": a summary block, "notes": warnings}.
     A broken layout (missing class folders, an empty class, splits that disagree, no images to learn from) is
     an InputError here - before anything is written."""
-    from compress.data.imagefolder import scan, unlabeled_files
-    from compress.deploy.imageio import resize_rule
+    from compress.data.imagefolder import scan, unlabeled_files, unlabeled_skipped
+    from compress.deploy.imageio import printable, resize_rule
 
     channels, size, _ = input_shape_of(cfg)
     notes = []
@@ -133,7 +133,10 @@ def describe(cfg, unlabeled=False):
              f"      images {channels}x{size}x{size} (validation: shorter side to {rule['shorter_side']}, centre "
              f"crop); training augmentation: {augmentation}"]
     if unlabeled and cfg.unlabeled:
-        count = len(unlabeled_files(cfg))
+        count, others = len(unlabeled_files(cfg)), unlabeled_skipped(cfg)
         lines.append(f"      unlabelled: {count:,} images in {cfg.unlabeled} (the distill stage learns from them "
                      "through the teacher)")
+        if others:  # a new list: the scan's notes are kept by `listed_once`
+            notes = notes + [f"data.unlabeled: {sum(others.values()):,} file(s) that are not images skipped "
+                             f"({', '.join(printable(k, 20) for k, _ in others.most_common(5))})"]
     return {"lines": lines, "notes": notes}

@@ -336,18 +336,29 @@ def _is_image_name(name):
     return name.lower().endswith(imageio.IMAGE_EXTENSIONS)
 
 
-def image_files(root, what="data.unlabeled"):
+def image_files(root, what="data.unlabeled", others=None):
     """Every image file under `root` (nested folders included, hidden ones skipped, each folder once however links
-    loop: `walk_tree`), sorted."""
+    loop: `walk_tree`), sorted; the other files counted by suffix into `others` (a Counter) when given."""
     found = []
     for folder, files in walk_tree(root, skip=skipped, what=what, read=_is_image_name):
         prefix = os.path.join(folder, "")
         found.extend(prefix + f for f in files if _is_image_name(f))
+        if others is not None:
+            others.update(os.path.splitext(f)[1].lower() or f for f in files if not _is_image_name(f))
     return found
 
 
 def unlabeled_files(cfg):
     """The image files under data.unlabeled, or one clear error: the folder is missing, or holds no image."""
+    return _unlabeled_listing(cfg)[0]
+
+
+def unlabeled_skipped(cfg):
+    """The files under data.unlabeled that are not read (no image suffix), counted by suffix."""
+    return _unlabeled_listing(cfg)[1]
+
+
+def _unlabeled_listing(cfg):
     return _once(("unlabeled", os.path.abspath(os.path.expanduser(cfg.unlabeled))), lambda: _unlabeled_files(cfg))
 
 
@@ -355,11 +366,12 @@ def _unlabeled_files(cfg):
     root = os.path.expanduser(cfg.unlabeled)
     if not os.path.isdir(root):
         raise InputError(f"data.unlabeled: folder '{cfg.unlabeled}' does not exist; point it at a folder of images")
-    files = image_files(root)
+    others = Counter()
+    files = image_files(root, others=others)
     if not files:
         raise InputError(f"data.unlabeled: folder '{cfg.unlabeled}' holds no image files (.jpg, .png, .bmp, ...); "
                          "point it at a folder of images")
-    return files
+    return files, others
 
 
 def unlabeled_problem(cfg):

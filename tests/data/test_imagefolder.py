@@ -315,6 +315,16 @@ def test_a_self_linked_unlabelled_folder_is_listed_once_in_seconds(photos, tmp_p
 
 
 @pytest.mark.e2e
+def test_files_in_the_unlabelled_folder_that_are_not_images_are_counted_in_a_note(photos, tmp_path):
+    root, unlabeled = photos
+    (unlabeled / "readme.txt").write_text("not an image")
+    (unlabeled / "labels.csv").write_text("a,b")
+    proc = plan(root, tmp_path / "run", f"data.unlabeled={unlabeled}")
+    assert proc.returncode == 0, proc.stderr
+    assert "data.unlabeled: 2 file(s) that are not images skipped (.csv, .txt)" in proc.stdout + proc.stderr
+
+
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["pipe", "link to /dev/zero"])
 def test_a_pipe_or_a_device_among_the_images_is_one_sentence_not_a_hang(photos, tmp_path, kind):
     """A FIFO named like an image blocked the images' fingerprint forever (even --dry-run; SIGTERM retried the
