@@ -3,6 +3,10 @@ QuantizeLinear/DequantizeLinear with int8 weights), attach metadata, check, and 
 
 import contextlib
 import io
+import logging
+import os
+import sys
+import tempfile
 import warnings
 
 import torch
@@ -24,6 +28,28 @@ def _quiet_legacy_exporter():
         # quantized activations (hardtanh/ReLU6 in mobilenets) read their scale as a Python number while tracing
         warnings.filterwarnings("ignore", message="Converting a tensor to a Python", category=torch.jit.TracerWarning)
         yield
+
+
+@contextlib.contextmanager
+def native_warnings_to_log():
+    """What the exporter's C++ side writes straight to file descriptor 2 ("[W...] Warning: The shape inference
+    of prim::TupleConstruct type is missing") routed like the Python libraries' warnings: into the run's log.txt,
+    onto the terminal only with -v. Held in an anonymous temporary file, never a pipe (a full pipe would block
+    the exporter)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().decode("utf-8", "replace").splitlines():
+                if line.strip():
+                    logging.getLogger("py.warnings").warning("%s", line)
 
 
 EXPORTER_MAX_OPSET = 20  # the TorchScript exporter's newest; newer opsets come from onnx's version converter
@@ -60,7 +86,7 @@ def _trace(model, example, path, opset):  # noqa: D401 - used by compress.quant.
 
     buffer = io.BytesIO()
     try:
-        with _quiet_legacy_exporter(), torch.no_grad():
+        with _quiet_legacy_exporter(), native_warnings_to_log(), torch.no_grad():
             torch.onnx.export(model.eval(), (example,), buffer, dynamo=False,
                               opset_version=min(opset, EXPORTER_MAX_OPSET),
                               input_names=["input"], output_names=["logits"],

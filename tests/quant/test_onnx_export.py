@@ -40,3 +40,31 @@ def test_onnx_reference_evaluator_agrees_with_onnxruntime(finished_run):
         reference = ReferenceEvaluator(onnx.load(path)).run(None, {"input": x})[0]
         runtime = OnnxModel(str(path))(x)
         assert (reference.argmax(1) == runtime.argmax(1)).mean() >= needed, kind
+
+
+def test_what_the_exporters_cpp_side_writes_to_stderr_goes_to_the_log(capfd):
+    """C++ warnings are written to file descriptor 2 itself, past Python's warnings machinery: they are routed to
+    the py.warnings logger (log.txt; the terminal only with -v), not left on the terminal."""
+    import logging
+    import os
+
+    from compress.quant.onnx_export import native_warnings_to_log
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    keep, logger = Keep(), logging.getLogger("py.warnings")  # its own handler: the CLI tests unset propagation
+    logger.addHandler(keep)
+    try:
+        with native_warnings_to_log():
+            os.write(2, b"[W1127 shape_type_inference.cpp:1994] Warning: The shape inference is missing\n\n")
+        os.write(2, b"after\n")
+    finally:
+        logger.removeHandler(keep)
+    assert keep.lines == ["[W1127 shape_type_inference.cpp:1994] Warning: The shape inference is missing"]
+    assert capfd.readouterr().err == "after\n"  # file descriptor 2 is the terminal again afterwards
