@@ -8,6 +8,7 @@ latency, timed by export) is shown only while the file it was measured on is sti
 """
 
 import logging
+import math
 import os
 import re
 import shlex
@@ -60,6 +61,7 @@ def build_rows(run, stages):
         # a row's figures come from its file, or from the stage's record of it ("record": export.json)
         changed = files_changed(run, entry.get("outputs", {}),
                                 [r[k] for r in produced for k in ("file", "record") if r.get(k)])
+        notes.extend(_implausible_figures(name, produced))
         batch = _largest_batch_timed(entry.get("metrics") or {})
         for row in produced:
             if batch and row.get("latency_b64_ms") is not None:
@@ -85,6 +87,38 @@ def build_rows(run, stages):
             rows[row["id"]] = {**dict.fromkeys(COLUMNS), **row, "stage": name, "current": current,
                                "ship": bool(row.get("ship")) and current}  # a stale verdict recommends nothing
     return [r for r in rows.values() if "artifact" in r and r["artifact"]], notes
+
+
+# the plausible range of each figure a row shows: anything else (a hand-edited 1e308, an integer of 400 digits, a
+# string) is not a measurement, and formatting or plotting it would fail (float() of a huge integer overflows)
+PLAUSIBLE = {"params": (0, 1e15), "size_bytes": (0, 1e15), "val_acc": (0, 100), "latency_b1_ms": (0, 1e9),
+             "latency_b64_ms": (0, 1e9)}
+
+
+def plausible(value, low=0, high=float("inf")):
+    """`value` is a real number (not a bool) in [low, high]; an integer too large for a float is not."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value) and low <= float(value) <= high
+    except OverflowError:
+        return False
+
+
+def _implausible_figures(name, produced):
+    """Set every figure of the rows `produced` by stage `name` that is not plausible (PLAUSIBLE) to None, shown as
+    not available, and return one note per figure naming the file it was read from and its key ("damaged": `compress
+    show` prints it beside the "-")."""
+    notes = []
+    for row in produced:
+        for key, (low, high) in PLAUSIBLE.items():
+            if row.get(key) is not None and not plausible(row[key], low, high):
+                row[key] = None
+                source = row.get("record") or f"manifest.json (stage '{name}')"
+                notes.append(f"{name}: the {key} of the {row.get('artifact') or row['id']} row in {source} is "
+                             f"damaged (not a number from {low:g} to {high:g}) and is shown as not available; correct "
+                             f"it, or rerun with --stages {name} --force")
+    return notes
 
 
 _CELL = re.compile(r"b(\d+)_t\d+")  # a latency cell's key in a stage's metrics: batch and threads
@@ -200,8 +234,10 @@ def figure(rows):
     import matplotlib.pyplot as plt
 
     markers = "osD^vP*Xhp<>"
-    rows = [r for r in rows if r["val_acc"] is not None and (r["size_bytes"] is not None or  # drawn in a plot:
-                                                              r["latency_b64_ms"] is not None)]  # in the legend
+    # a point needs a finite accuracy and a finite, positive x on the log axis; a row with neither x is left out
+    rows = [{**r, **{k: r[k] if plausible(r[k], *PLAUSIBLE[k]) and r[k] > 0 else None
+                     for k in ("size_bytes", "latency_b64_ms")}} for r in rows if plausible(r["val_acc"], 0, 100)]
+    rows = [r for r in rows if r["size_bytes"] is not None or r["latency_b64_ms"] is not None]  # drawn: in the legend
     style = {r["artifact"]: (f"C{i % 10}", markers[i % len(markers)]) for i, r in enumerate(rows)}
     big = latency_batch(rows)
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
@@ -210,7 +246,7 @@ def figure(rows):
                                                        "threads timed (ms, log scale)")):
         xs, ys = [], []
         for r in rows:
-            if r[key] is None or r["val_acc"] is None:
+            if r[key] is None:
                 continue
             x = r[key] / 1e3 if key == "size_bytes" else r[key]
             color, marker = style[r["artifact"]]

@@ -3,6 +3,8 @@ measured in, a damaged export report that blocks nothing, and the file to deploy
 
 import json
 
+import pytest
+
 from compress.run.report import build_rows, figure
 from compress.run.rundir import RunDir
 from conftest import invoke
@@ -104,3 +106,58 @@ def test_the_latency_columns_are_labelled_with_the_batch_sizes_timed(finished_ru
     finally:
         plt.close(fig)
 
+
+
+@pytest.mark.parametrize("val_acc", [10**400, 1e308])
+def test_a_figure_that_is_no_plausible_number_is_shown_as_not_available(run_copy, val_acc):
+    """A hand-edited figure too large for a float (an integer of 400 digits) or a percentage of 1e308 is shown as
+    not available with a note naming its file and key; `show` and `report` go on with the rest, and the PNG is
+    drawn without it."""
+    manifest = json.loads((run_copy / "manifest.json").read_text())
+    manifest["stages"]["teacher"]["metrics"]["val_acc"] = val_acc
+    (run_copy / "manifest.json").write_text(json.dumps(manifest))
+    path = run_copy / "export" / "export.json"
+    export = json.loads(path.read_text())
+    export["size_bytes"]["int8"] = 10**400
+    export["fp32"]["onnx_acc"] = 1e308
+    path.write_text(json.dumps(export))
+
+    shown = invoke("show", run_copy)
+    assert shown.exit_code == 0, shown.output
+    teacher = next(line for line in shown.stdout.splitlines() if line.strip().startswith("teacher ("))
+    assert teacher.split(")")[-1].split()[0] == "-", teacher
+    assert "the val_acc of the teacher (PyTorch" in shown.stdout and "in manifest.json (stage 'teacher') is damaged" \
+        in shown.stdout
+    assert "the size_bytes of the int8 ONNX (onnxruntime) row in export/export.json is damaged" in shown.stdout
+
+    (run_copy / "report.png").unlink()
+    reported = invoke("report", run_copy)
+    assert reported.exit_code == 0, reported.output
+    report = (run_copy / "report.md").read_text()
+    assert "the val_acc of the fp32 ONNX (onnxruntime) row in export/export.json is damaged" in report
+    int8 = next(line for line in report.splitlines() if line.startswith("| int8 ONNX (onnxruntime)"))
+    assert int8.split("|")[3].strip() == "-" and int8.split("|")[4].strip().endswith("%"), int8  # the rest kept
+    assert (run_copy / "report.png").stat().st_size > 0
+    rows = json.loads((run_copy / "report.json").read_text())["rows"]
+    assert {r["id"]: r["val_acc"] for r in rows}["teacher"] is None
+
+
+def test_the_figure_skips_points_that_are_not_finite(finished_run):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, _ = build_rows(RunDir(finished_run), STAGES)
+    drawn = [r for r in rows if r["val_acc"] is not None and r["size_bytes"] is not None]
+    drawn[0]["val_acc"], drawn[1]["size_bytes"] = float("inf"), float("nan")
+    fig = figure(rows)
+    try:
+        fig.canvas.draw()
+        names = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert not any(n.startswith(drawn[0]["artifact"]) for n in names)
+        sizes = [x for c in fig.axes[0].collections for x, _ in c.get_offsets()]
+        assert sizes and all(x == x and x < float("inf") for x in sizes), sizes
+        assert len(fig.axes[0].collections) < len(drawn) + sum(bool(r.get("ship")) for r in drawn)
+    finally:
+        plt.close(fig)
