@@ -127,7 +127,7 @@ def read_weights(path, expect_stage=None, expect_model=None, expect_sha256=None)
 def _decode(value):
     try:
         return json.loads(value)
-    except (json.JSONDecodeError, TypeError):
+    except (ValueError, TypeError):  # not JSON (JSONDecodeError), or an integer too long to convert
         return value
 
 
@@ -184,11 +184,15 @@ def resume_tensors_problem(path, layout):
     """What makes the tensors of the resume checkpoint at `path` unusable, as words that follow "the resume
     checkpoint", or None: tensors that cannot be read; names, dtypes or shapes other than `layout` (its metadata's
     record of what was written; None for a file written before it was recorded: not compared); NaN or infinite
-    values in any floating-point tensor, model's or optimizer's."""
+    values in any floating-point tensor, model's or optimizer's; an optimizer record (`optimizer_problem`) that
+    `load_training_state` could not restore them with."""
     try:
-        tensors, _ = read_safetensors(path, "resume checkpoint")
+        tensors, meta = read_safetensors(path, "resume checkpoint")
     except CheckpointError:
         return "is truncated, or its tensors are damaged"
+    problem = optimizer_problem(meta.get("optimizer"), tensors)
+    if problem:
+        return f"is damaged ({problem})"
     if layout is not None:
         if not isinstance(layout, dict):
             return "is damaged (its 'layout' is not a mapping of tensor names to dtype and shape)"
@@ -199,6 +203,26 @@ def resume_tensors_problem(path, layout):
             return f"does not fit the model it was written for ({problem})"
     bad = [k for k in sorted(tensors) if tensors[k].is_floating_point() and not bool(torch.isfinite(tensors[k]).all())]
     return f"holds NaN or infinite values in {and_more(bad)}" if bad else None
+
+
+def optimizer_problem(value, tensors):
+    """What keeps the optimizer record of a resume checkpoint (its "optimizer" metadata, raw JSON text, and its
+    `optim.<param index>.<name>` tensors) from being restored, as words for "is damaged (...)", or None."""
+    try:
+        record = json.loads(value) if isinstance(value, str) else None
+    except ValueError:  # JSONDecodeError, and an integer too long to convert
+        record = None
+    if not isinstance(record, dict):
+        return "its 'optimizer' metadata is not JSON"
+    groups, scalars = record.get("param_groups"), record.get("scalars")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        return "its optimizer's 'param_groups' is not a list of mappings"
+    if not isinstance(scalars, dict):
+        return "its optimizer's 'scalars' is not a mapping"
+    names = list(scalars) + [k.removeprefix("optim.") for k in tensors if k.startswith("optim.")]
+    bad = [k for k in names if not (k.partition(".")[0].isascii() and k.partition(".")[0].isdigit()
+                                    and k.partition(".")[2])]  # "<param index>.<name>", as torch numbers them
+    return f"its optimizer state '{bad[0]}' is not '<parameter index>.<name>'" if bad else None
 
 
 def _shape_dtype(entry):
@@ -216,6 +240,11 @@ def load_training_state(path, modules, optimizer):
     if meta.get("format") != FORMAT or "state" not in meta:
         raise CheckpointError(f"resume checkpoint '{path}' was not written by compress; delete it or use --force")
     start_over = f"delete {os.path.dirname(os.path.abspath(path))}/ (or rerun with --force) to start the stage over"
+    # `compress.run.state` starts a checkpoint with a damaged optimizer record over; one damaged since it looked
+    # is refused here, before any module is changed
+    problem = optimizer_problem(meta.get("optimizer"), tensors)
+    if problem:
+        raise CheckpointError(f"resume checkpoint '{path}' is damaged ({problem}); {start_over}")
     try:
         for prefix, module in modules.items():
             part = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
@@ -233,10 +262,10 @@ def load_training_state(path, modules, optimizer):
         state.setdefault(int(pid), {})[name] = value
     try:
         optimizer.load_state_dict({"state": state, "param_groups": opt_meta["param_groups"]})
-    except (ValueError, KeyError, RuntimeError) as e:  # torch: "... doesn't match the size of optimizer's group"
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:  # torch: "... doesn't match the size of ..."
         raise CheckpointError(f"resume checkpoint '{path}' does not fit the optimizer ({str(e).splitlines()[0]}); "
                               f"{start_over}") from None
-    return json.loads(meta["state"])
+    return _decode(meta["state"])  # not JSON: the raw text, which `validate_resume_state` refuses as no mapping
 
 
 def resume_state_problem(state, epochs=None, steps_per_epoch=None):

@@ -138,3 +138,39 @@ def test_a_resume_checkpoint_that_does_not_fit_the_model_says_how_to_start_the_s
         f"resume checkpoint '{path}' does not fit the model: size mismatch for classifier.3.weight: copying a param "
         "with shape torch.Size([11, 256]) from checkpoint, the shape in current model is torch.Size([10, 256]); "
         f"delete {path.parent}/ (or rerun with --force) to start the stage over")
+
+
+@pytest.mark.parametrize("optimizer, why", [
+    ("{{{", "its 'optimizer' metadata is not JSON"),
+    (json.dumps({"param_groups": {}, "scalars": {}}), "its optimizer's 'param_groups' is not a list of mappings"),
+    (json.dumps({"param_groups": [], "scalars": {"x.step": 1}}), "its optimizer state 'x.step' is not "
+                                                                   "'<parameter index>.<name>'")])
+def test_a_resume_checkpoint_whose_optimizer_record_is_damaged_starts_over(tmp_path, optimizer, why):
+    """A damaged optimizer record is damaged resume state: planning (`compress.run.state.read_resume`, which
+    `run`, `run --dry-run` and `show` share) starts the stage over, naming the file, and a load that meets it
+    anyway refuses in one sentence before changing the model - not an "unexpected JSONDecodeError"."""
+    from compress.run.rundir import RunDir
+    from compress.run.state import checkpoint_rel, read_resume
+    from compress.training.checkpoint import resume_tensors_problem
+
+    run, rel = RunDir(tmp_path / "run"), checkpoint_rel("teacher")
+    path = tmp_path / "run" / rel
+    model = small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 1, 8, 8)).sum().backward()
+    opt.step()
+    save_training_state(path, {"model": model}, opt, {"stage": "teacher", "config_hash": "c", "inputs": {},
+                                                      "epoch": 1, "step": 0, "history": [{"val_acc": 1.0}]})
+    assert read_resume(run, "teacher")[0] is not None  # sound as written
+    tensors, meta = read_safetensors(path)
+    path.write_bytes(serialize(tensors, {**meta, "optimizer": optimizer}))
+
+    assert read_resume(run, "teacher") == (None, f"the resume checkpoint ({rel}) is damaged ({why})")
+    assert resume_tensors_problem(path, json.loads(meta["layout"])) == f"is damaged ({why})"
+    other = small(seed=1)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(CheckpointError) as e:
+        load_training_state(path, {"model": other}, torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9))
+    assert str(e.value) == (f"resume checkpoint '{path}' is damaged ({why}); delete {path.parent}/ (or rerun with "
+                            "--force) to start the stage over")
+    assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())
