@@ -87,12 +87,15 @@ def load_data(cfg, seed, unlabeled=False, place=None):
 
 
 def channel_stats(dataset):
-    """Per-channel mean/std of the (un-normalised, un-augmented) images in [0, 1]."""
+    """Per-channel mean/std of the (un-normalised, un-augmented) images in [0, 1]; a std no smaller than a config's
+    data.std may be (MIN_STD), so the ONNX metadata that carries it is one `predict` accepts."""
+    from compress.run.config import MIN_STD
+
     n = min(len(dataset), STATS_SAMPLES)
     idx = torch.linspace(0, len(dataset) - 1, n).round().long().tolist()
     images, _ = dataset.raw(idx)
     x = images.double().div(255.0).transpose(0, 1).reshape(images.shape[1], -1)
-    mean, std = x.mean(dim=1), x.std(dim=1).clamp_min(1e-6)
+    mean, std = x.mean(dim=1), x.std(dim=1).clamp_min(MIN_STD)
     return tuple(round(v, 6) for v in mean.tolist()), tuple(round(v, 6) for v in std.tolist())
 
 

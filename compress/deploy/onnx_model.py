@@ -137,6 +137,13 @@ class OnnxModel:
                                  f"{str(m.get(key))[:80]}; re-export the model")
         if any(v <= 0 for v in m["std"]):
             raise InputError(f"{where} compress.std must be positive; got {m['std']}; re-export the model")
+        from compress.run.config import MIN_STD  # the bound a config's data.std is held to
+
+        # pixels are scaled to 0..1: a std far below MIN_STD (1e-300) turns them into infinities, and one above its
+        # inverse flattens every image to its mean: either way the scores are not the model's answer
+        if any(not MIN_STD <= v <= 1 / MIN_STD for v in m["std"]):
+            raise InputError(f"{where} compress.std must hold values between {MIN_STD:g} and {1 / MIN_STD:g}, as a "
+                             f"config's data.std does; got {m['std']}; re-export the model")
         names = m.get("class_names")
         outputs = self.session.get_outputs()[0].shape
         classes = outputs[-1] if outputs and isinstance(outputs[-1], int) else None

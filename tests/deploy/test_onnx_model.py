@@ -71,3 +71,24 @@ def test_onnx_model_refuses_a_file_without_metadata_only_when_asked(finished_run
     with pytest.raises(InputError):
         OnnxModel(str(bare))
     assert OnnxModel(str(bare), require_metadata=False).input_shape == (1, 8, 8)
+
+
+@pytest.mark.parametrize("std", [[1e-300], [1e-4], [1e300]])
+def test_an_onnx_file_whose_std_is_out_of_bounds_is_refused_before_any_pixel_is_normalised(finished_run, tmp_path,
+                                                                                            std):
+    """compress.std is held to the bounds of a config's data.std (MIN_STD): a tiny one is refused in one sentence
+    naming the file and key, before numpy divides by it and prints a RuntimeWarning and a source line."""
+    from PIL import Image
+
+    from compress.run.config import MIN_STD
+    from conftest import compress_subprocess
+
+    proto = onnx.load(finished_run / "export" / "model.int8.onnx")
+    next(p for p in proto.metadata_props if p.key == "compress.std").value = json.dumps(std)
+    onnx.save(proto, tmp_path / "std.onnx")
+    Image.new("L", (8, 8), 128).save(tmp_path / "img.png")
+    result = compress_subprocess("predict", tmp_path / "std.onnx", tmp_path / "img.png")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"error: '{tmp_path / 'std.onnx'}' metadata compress.std must hold values between {MIN_STD:g} and "
+        f"{1 / MIN_STD:g}, as a config's data.std does; got {std}; re-export the model"), result.stderr
