@@ -128,7 +128,8 @@ def link_inside(run, tmp):
 # name: (setup(run, tmp) -> None, args(run, tmp) -> list, expected text in the error); exit code 2 unless
 # EXIT_CODES says otherwise
 def lock_not_writable(r):
-    """What a read-only mount does to the lock's open (root passes every permission check, so a chmod would not)."""
+    """A folder where the lock file goes: its open fails as on a read-only mount (root passes every permission
+    check, so a chmod would not)."""
     if (r / ".lock").exists():
         (r / ".lock").unlink()
     (r / ".lock").mkdir()
@@ -136,11 +137,10 @@ def lock_not_writable(r):
 
 CASES = {
     # run directories
-    "run directory: cannot be written, report": (  # a sentence, not an OSError
+    "run directory: a folder as its lock, report": (  # a sentence, not an OSError; the same one as `run`'s
         lambda r, t: lock_not_writable(r), lambda r, t: ["report", r],
-        "/.lock); use another run directory, or make it writable - `compress show` and `compress predict` only "
-        "read it"),
-    "run directory: cannot be written, run": (  # `run` looks before it locks: the folder itself is named
+        "has a folder where its file .lock goes; move the folder away and rerun"),
+    "run directory: a folder as its lock, run": (  # `run` looks before it locks: the folder itself is named
         lambda r, t: lock_not_writable(r), lambda r, t: ["run", "--run-dir", r],
         "has a folder where its file .lock goes; move the folder away and rerun"),
     "run directory: under a file, dry run": (  # the plan is shown; the exit code says the run would stop

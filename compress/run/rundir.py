@@ -137,6 +137,9 @@ class RunDir:
         if not os.path.lexists(path):
             return {"format": MANIFEST_FORMAT, "stages": {}}
         data = read_json(path, "manifest")
+        if not (isinstance(data, dict) and str(data.get("format", "")).startswith("compress")):
+            raise InputError(f"'{self.root}' is not a compress run directory (its manifest.json is another "
+                             "program's); choose an empty or new folder with --run-dir")
         problem = manifest_problem(data)
         if problem:
             raise InputError(f"manifest '{path}' is not a compress manifest ({problem}); restore it, or move it "
@@ -217,6 +220,9 @@ class RunLock:
         self.fd = None
 
     def _open(self):
+        if os.path.isdir(self.path) and not os.path.islink(self.path):
+            raise InputError(f"run directory '{os.path.dirname(self.path)}' has a folder where its file {LOCK_NAME} "
+                             "goes; move the folder away and rerun")
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as e:  # a read-only mount (root passes every permission check), .lock not a file

@@ -27,6 +27,30 @@ def test_a_folder_that_is_not_a_run_is_refused_and_left_alone(tmp_path):
     assert file_bytes(foreign) == before
 
 
+def test_another_programs_folder_with_a_manifest_and_a_config_is_named_as_such(tmp_path):
+    """A web app's folder holds manifest.json and config.yaml too: it is not read as a run (its config's keys
+    listed as unknown), nor told to move its manifest away (which leads to the next refusal); nothing changes."""
+    foreign = tmp_path / "webapp"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text('{"name": "app", "icons": []}')
+    (foreign / "config.yaml").write_text("server: {port: 80}\n")
+    before = file_bytes(foreign)
+    for args in ([], ["-c", "default"], ["--dry-run"]):
+        result = invoke("run", "--run-dir", foreign, *args)
+        assert result.exit_code == 2, result.output
+        assert (f"'{foreign}' is not a compress run directory (its manifest.json is another program's); choose an "
+                "empty or new folder with --run-dir") in result.stderr and "server" not in result.output
+    assert file_bytes(foreign) == before
+
+
+def test_a_folder_in_place_of_the_lock_file_is_named_by_report_too(run_copy):
+    (run_copy / ".lock").unlink(missing_ok=True)
+    (run_copy / ".lock").mkdir()
+    result = invoke("report", run_copy)
+    assert result.exit_code == 2
+    assert f"run directory '{run_copy}' has a folder where its file .lock goes; move the folder away" in result.stderr
+
+
 @pytest.mark.skipif(os.name != "posix", reason="file names as bytes")
 def test_a_run_directory_named_in_bytes_that_are_not_utf8_is_refused_before_anything_is_written(tmp_path):
     """TensorBoard's writer (and JSON consumers of the manifest) refuse such a path: the teacher trained and then
