@@ -9,7 +9,8 @@ import click
 from compress.cli.base import cli, debug_option, echo
 from compress.cpus import usable_cpus
 from compress.deploy.runtimes import FIRST, RUNTIMES, bench_help
-from compress.errors import EXIT_BAD_INPUT
+from compress.errors import EXIT_BAD_INPUT, InputError
+from compress.fileio import one_line
 
 
 def _int_list(value, name, most):
@@ -192,7 +193,7 @@ def eval_cmd(model, folder, png, as_json):
     _warn_if_training_images(model, root)
     result = evaluate_tree(onnx_model, samples)
     for path, error in result["skipped"]:
-        echo(f"skipped: {error}", err=True)
+        echo(f"skipped: {one_line(error)}", err=True)
     if png:
         confusion_png(result, names, png)
     if as_json:
@@ -263,6 +264,8 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
     if len(models) == 1 and os.path.isdir(models[0]):
         models, settings = _run_files(models[0])
     for path in models:
+        if not os.path.exists(path) and not str(path).lower().endswith(".onnx"):  # as predict and eval say it
+            raise InputError(f"'{path}' does not exist; pass .onnx files, or a run directory whose export stage ran")
         RUNTIMES[runtime].check(path)  # a clear error for a missing or non-ONNX file, or a missing runtime
     batches = _int_list(batch, "--batch", 4096) if batch else list(settings[0] or (1, 64))
     thread_list = _int_list(threads, "--threads", 1024) if threads else list(settings[3] or default_threads())

@@ -132,6 +132,7 @@ def test_deployment_errors_are_one_clear_line(finished_run, tmp_path):
         (("predict", model, tmp_path / "broken.png"), "cannot read image"),
         (("predict", model, tmp_path / "absent.png"), "not found"),
         (("bench", tmp_path / "junk.onnx"), "is not an ONNX model"),
+        (("bench", tmp_path / "absent"), f"'{tmp_path / 'absent'}' does not exist; pass .onnx files, or a run"),
         (("bench", model, "--batch", "0"), "positive whole numbers"),
         (("bench", model, "--threads", "2,2"), "give each value once, got '2,2'"),
         (("bench", tmp_path), f"is a folder without export/export.json; pass an .onnx file, or finish this run "
