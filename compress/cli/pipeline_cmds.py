@@ -195,6 +195,9 @@ def stages_cmd(run_dir):
     run = RunDir(run_dir) if run_dir else None
     if run and not os.path.isdir(run.root):
         raise click.BadParameter(f"'{run_dir}' does not exist", param_hint="--run-dir")
+    if run and not run.exists():  # every stage "not run" would read as a run that has not started
+        raise click.BadParameter(f"'{run_dir}' is not a compress run directory (no manifest.json)",
+                                 param_hint="--run-dir")
     states = stage_states(run, STAGES) if run else None
     for name in STAGE_ORDER:
         spec = STAGES[name]
@@ -225,6 +228,10 @@ def config_cmd(config_path, overrides, reference, list_recipes):
     from compress.run import recipes
     from compress.run.config import Config, dump_config, load_config
 
+    given = [flag for flag, on in (("--reference", reference), ("--list", list_recipes),
+                                   ("-c/--set", config_path or overrides)) if on]
+    if len(given) > 1:  # each prints something else: one would be dropped without a word
+        raise click.UsageError(f"{' and '.join(given)} each print something else; give one")
     if list_recipes:
         for name in recipes.names():
             echo(f"{name:22} {recipes.summary(name)}")

@@ -95,3 +95,11 @@ def test_a_directory_left_with_only_decoded_images_is_not_run_on_the_defaults(tm
     assert sorted(p.name for p in run.iterdir()) == ["cache"]
     given = invoke("run", "--run-dir", run, "--dry-run", "--set", "teacher.epochs=1")  # a command that says what
     assert given.exit_code == 0, given.output
+
+
+def test_config_refuses_two_things_to_print_and_stages_a_folder_that_is_no_run(tmp_path):
+    both = invoke("config", "--reference", "--list")
+    assert both.exit_code == 2 and "--reference and --list each print something else; give one" in both.output
+    (tmp_path / "notes").mkdir()
+    result = invoke("stages", "--run-dir", tmp_path / "notes")
+    assert result.exit_code == 2 and "is not a compress run directory (no manifest.json)" in result.output
