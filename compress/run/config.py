@@ -564,8 +564,12 @@ def _named_by_origin(problems, path, set_keys):
     """The error names where each refused value came from: the config file, or --set (which wins over the file,
     so a bad --set value is no reason to open the file)."""
     def from_set(problem):
-        return any(problem.startswith((f"{k}:", f"{k}.", f"{k}[", f"unknown key '{k}'", f"unknown key '{k}."))
-                   for k in set_keys)  # 'data.mean[0]: ...': an item of a list --set gave
+        unknown = re.match(r"unknown key '([^']*)'", problem)
+        head = unknown.group(1) if unknown else problem.split(":", 1)[0]
+        section, _, names = head.rpartition(".")
+        heads = [f"{section}.{n}" if section else n for n in names.split("/")]  # 'data.mean/std': either key
+        return any(h == k or h.startswith((f"{k}.", f"{k}[")) or k.startswith(f"{h}.")
+                   for k in set_keys for h in heads)  # 'data.mean[0]': an item of a list --set gave
     if problems and all(from_set(p) for p in problems):
         return ConfigError(problems, source="--set")
     return ConfigError([f"{p} (from --set)" if from_set(p) else p for p in problems], source=path)

@@ -66,6 +66,13 @@ def test_a_refused_value_is_traced_to_the_file_or_to_the_set_that_gave_it(tmp_pa
         load_config(str(config), ["distill.kd.weight=1"])
     assert str(info.value) == (f"config error in {config}: unknown key 'distill.kd.weightx' (did you mean "
                                "'distill.kd.weight'?)")
+    # a --set below a key the config does not have, or below a value, and a problem of two keys one of them set
+    for sets, problem in ((["foo.bar.baz=1"], "unknown key 'foo'"), (["data.name.x=1"], "data.name: expected a "
+                          "string, got a mapping"), (["data.mean=[]"], "data.mean/std: give both or neither")):
+        with pytest.raises(ConfigError) as info:
+            load_config(None, sets)
+        assert str(info.value).startswith(("config error in --set: ", "2 config errors in --set:")), sets
+        assert problem in str(info.value) and "(from --set)" not in str(info.value)
 
 
 def test_range_checks_of_a_section_are_all_reported():
