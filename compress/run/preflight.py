@@ -73,8 +73,11 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
         if stage in TRAINING_STAGES and not (stage == "teacher" and cfg.teacher.epochs == 0):
             batch = getattr(cfg, stage).batch_size
             if batch % world_size:
-                found.append(f"{stage}.batch_size: {batch} does not split evenly over {world_size} processes; "
-                             f"use a multiple of {world_size}")
+                from compress.run.config import MAX_BATCH
+
+                fix = (f"use a multiple of {world_size}" if world_size <= MAX_BATCH else
+                       f"a batch holds at most {MAX_BATCH:,} images, so run at most {MAX_BATCH:,} processes")
+                found.append(f"{stage}.batch_size: {batch} does not split evenly over {world_size:,} processes; {fix}")
     return found
 
 

@@ -210,6 +210,10 @@ def test_missing_config_file_and_missing_dataset_folder(tmp_path):
     assert any(p.startswith("data.root: folder") and "does not exist" in p for p in problems)
     assert any(p.startswith("model.student: unknown model 'tiny'") for p in problems)
     assert "teacher.batch_size: 64 does not split evenly over 3 processes; use a multiple of 3" in problems
+    with pytest.raises(ConfigError) as info:  # no batch splits over more processes than it may hold images
+        preflight.check(cfg, ["teacher"], world_size=100000)
+    assert ("teacher.batch_size: 64 does not split evenly over 100,000 processes; a batch holds at most 65,536 "
+            "images, so run at most 65,536 processes") in info.value.problems
     (tmp_path / "photos.zip").write_bytes(b"PK\x03\x04")  # a file is named as a file, not as missing
     cfg = load_config(None, ["data.name=imagefolder", f"data.root={tmp_path / 'photos.zip'}"])
     assert f"data.root: '{tmp_path / 'photos.zip'}' is a file, not a folder; unpack it and point data.root at the " \
