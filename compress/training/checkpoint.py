@@ -268,6 +268,9 @@ def load_training_state(path, modules, optimizer):
     return _decode(meta["state"])  # not JSON: the raw text, which `validate_resume_state` refuses as no mapping
 
 
+MAX_COUNT = 10**9  # epochs or steps of an epoch no run reaches
+
+
 def resume_state_problem(state, epochs=None, steps_per_epoch=None):
     """What is wrong with a resume checkpoint's JSON state (types, ranges), or None."""
     if not isinstance(state, dict):
@@ -276,6 +279,8 @@ def resume_state_problem(state, epochs=None, steps_per_epoch=None):
         value = state.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             return f"'{key}' is {value!r}, not a whole number >= 0"
+        if value > MAX_COUNT:  # no schedule is that long: known without the data (the plan says it too)
+            return f"'{key}' is {value:.3g}, beyond any schedule"
     if epochs is not None and state["epoch"] > epochs:
         return f"'epoch' {state['epoch']} is beyond the configured {epochs} epochs"
     if steps_per_epoch is not None and state["step"] > steps_per_epoch:

@@ -174,3 +174,14 @@ def test_a_resume_checkpoint_whose_optimizer_record_is_damaged_starts_over(tmp_p
     assert str(e.value) == (f"resume checkpoint '{path}' is damaged ({why}); delete {path.parent}/ (or rerun with "
                             "--force) to start the stage over")
     assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())
+
+
+def test_a_resume_step_or_epoch_beyond_any_schedule_is_damaged_without_the_data():
+    """Whether a step fits an epoch needs the data (the run checks it); 10**30 steps fits none, so the plan can
+    say so as the run would."""
+    from compress.training.checkpoint import resume_state_problem
+
+    state = {"epoch": 1, "step": 10**30, "history": [], "config_hash": "x"}
+    assert resume_state_problem(state) == "'step' is 1e+30, beyond any schedule"
+    assert resume_state_problem({**state, "step": 3, "epoch": 10**12}) == "'epoch' is 1e+12, beyond any schedule"
+    assert resume_state_problem({**state, "step": 3}) is None
