@@ -183,6 +183,12 @@ def report_notes(m):
         notes.append(f"QAT against post-training quantization of the same float student (onnxruntime static PTQ, "
                      f"model.ptq.onnx): {m['int8_onnx_acc']:.2f}% vs {m['ptq_onnx_acc']:.2f}% "
                      f"({m['qat_minus_ptq_points']:+.2f} points from the qat stage){beyond_noise(m)}.")
+        fp32 = m.get("fp32_onnx_acc")
+        if isinstance(fp32, (int, float)) and m["qat_minus_ptq_points"] >= 3 and m["int8_onnx_acc"] - fp32 >= 3:
+            notes.append(f"The QAT file is {m['int8_onnx_acc'] - fp32:.1f} points above the float student it started "
+                         f"from ({fp32:.2f}%): that is its fine-tuning epochs training a student that had not "
+                         "converged, not quantization - more distill epochs would give the float student (and "
+                         "PTQ) as much.")
     return notes
 
 

@@ -108,6 +108,19 @@ def test_the_reports_words_on_qat_against_ptq_follow_what_the_verdict_weighed():
     assert "1 is right only with QAT and 1 only with PTQ" in one
 
 
+def test_a_qat_gain_that_is_training_an_unconverged_student_is_called_that():
+    """A 1-epoch student gains 10 points in QAT's epochs: the report must not read that as what QAT buys over
+    PTQ, and says what it is; a converged one's few tenths get no such note."""
+    from compress.quant.verdict import report_notes
+
+    m = {"deploy": "model.int8.onnx", "deploy_why": "faster", "int8_onnx_acc": 39.73, "ptq_onnx_acc": 29.65,
+         "fp32_onnx_acc": 29.09, "qat_minus_ptq_points": 10.08}
+    assert ("The QAT file is 10.6 points above the float student it started from (29.09%): that is its fine-tuning "
+            "epochs training a student that had not converged, not quantization") in " ".join(report_notes(m))
+    converged = {**m, "int8_onnx_acc": 79.1, "ptq_onnx_acc": 79.0, "fp32_onnx_acc": 79.2, "qat_minus_ptq_points": 0.1}
+    assert "had not converged" not in " ".join(report_notes(converged))
+
+
 def test_the_report_says_when_the_deployed_file_runs_faster_on_fewer_threads():
     """A small int8 model at batch 1 can be faster on 1 thread than on 2; the report says so for the deployed file
     (and only where the gap is beyond the 10 % a busy machine moves a cell), naming what to set."""
