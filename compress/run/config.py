@@ -533,6 +533,10 @@ RENAMED = {  # keys that earlier versions accepted: say what became of them inst
 def load_config(path=None, overrides=(), follow_links=True):
     """Read a YAML file (or start from the defaults), apply `key.path=value` overrides, validate everything."""
     raw = read_yaml(path, follow_links) if path else {}
+    sections = [f.name for f in dataclasses.fields(Config)]
+    if len(raw) > 3 and not any(key in sections for key in raw):  # not a config: its lines are not echoed back
+        raise ConfigError([f"none of its {len(raw)} top-level keys is a config section ({', '.join(sections)}); is "
+                           "it really a compress config?"], source=path)
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():

@@ -179,6 +179,21 @@ def test_a_set_string_keeps_what_yaml_would_cut():
     assert load_config(None, ["data.name=imagefolder", "data.root='/my photos'"]).data.root == "/my photos"
 
 
+def test_a_text_file_that_is_no_config_is_not_echoed_back_key_by_key(tmp_path):
+    """`-c` on another file (a password file, notes) parses as YAML keys: it is named as no config in one
+    sentence, its lines not printed back as unknown keys; a config with a misspelt section still gets the hint."""
+    other = tmp_path / "shadow"
+    other.write_text("".join(f"user{i}:$6$secret{i}:20228:0:99999:7:::\n" for i in range(5)))
+    with pytest.raises(ConfigError) as info:
+        load_config(str(other), [])
+    assert str(info.value) == (f"config error in {other}: none of its 5 top-level keys is a config section (seed, "
+                               "data, model, train, teacher, distill, qat, export); is it really a compress config?")
+    misspelt = tmp_path / "c.yaml"
+    misspelt.write_text("teachr: {epochs: 3}\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'teachr' \(did you mean 'teacher'\?\)"):
+        load_config(str(misspelt), [])
+
+
 def test_an_oversized_config_file_is_called_that(tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text("# " + "x" * (1 << 20) * 17 + "\n")
