@@ -2,7 +2,7 @@
 run under a time limit, and its exit code, wall time and last line printed as a Markdown table - what a user sees
 today. The tests (named in the last column) pin each behaviour; this script shows them side by side.
 
-    python benchmarks/hostile_inputs.py --work /tmp/hostile > /tmp/hostile.md     # about 2 minutes on 2 cores
+    python benchmarks/hostile_inputs.py --work /tmp/hostile > /tmp/hostile.md     # about 4 minutes on 2 cores
 
 A case passes when the command ends within the limit, exits as expected (non-zero for input it cannot use), prints
 no traceback and no raw control character, and says what the case is about (the `expect` text).
@@ -456,6 +456,156 @@ def long_tmpdir(w):
     os.makedirs(folder)
     return (["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", os.path.join(w, "r_tmpdir"), "--stages", "teacher",
              "--set", "train.num_workers=2"], {"TMPDIR": folder})
+
+
+@case("unsafe", "a run directory's config.yaml a link to a file of secrets: `compress run --dry-run`", "symbolic link",
+      2, "tests/cli/test_pipeline_cmds.py")
+def config_link(w):
+    run_dir = copy_run(w, "r_config_link")
+    with open(os.path.join(w, "secret.txt"), "w") as f:
+        f.write("hunter2: yes\n")
+    os.remove(os.path.join(run_dir, "config.yaml"))
+    os.symlink(os.path.join(w, "secret.txt"), os.path.join(run_dir, "config.yaml"))
+    return ["run", "--run-dir", run_dir, "--dry-run"]
+
+
+@case("unsafe", "`--name ../../escape` (a run name leaving artifacts/)", "not a run name", 2,
+      "tests/cli/test_pipeline_cmds.py")
+def name_escape(w):
+    return ["run", "--name", "../../escape", "--dry-run"]
+
+
+@case("unsafe", "a class name with a line break in the ONNX metadata: `compress eval`", "b\\nc", 2,
+      "tests/deploy/test_evaluate.py")
+def class_name_newline(w):
+    import onnx
+
+    proto = onnx.load(os.path.join(w, "base", "export", "model.int8.onnx"))
+    for prop in proto.metadata_props:
+        if prop.key == "compress.class_names":
+            prop.value = json.dumps(["b\nc"] + [str(i) for i in range(1, 10)])
+    onnx.save(proto, os.path.join(w, "newline.onnx"))
+    os.makedirs(os.path.join(w, "eval_x", "x"))
+    shutil.copy(os.path.join(w, "digit.png"), os.path.join(w, "eval_x", "x", "a.png"))
+    return ["eval", os.path.join(w, "newline.onnx"), os.path.join(w, "eval_x")]
+
+
+def _base_weights(w, name, change):
+    """The base run's teacher weights, changed by `change(state)`, saved as `name`."""
+    import torch
+    from safetensors.torch import load_file
+
+    state = load_file(os.path.join(w, "base", "teacher", "model.safetensors"))
+    path = os.path.join(w, name)
+    torch.save(change(state), path)
+    return path
+
+
+def _weights_run(w, path, run_name, *extra):
+    return ["run", "-c", os.path.join(w, "tiny.yaml"), "--run-dir", os.path.join(w, run_name), "--stages", "teacher",
+            "--set", f"model.teacher_weights={path}", *extra]
+
+
+@case("wrong result", "float64 weights holding 1e300 (inf as float32) as model.teacher_weights", "infinite", 2,
+      "tests/models/test_weights.py")
+def weights_overflow(w):
+    def change(state):
+        state = {k: v.double() if v.is_floating_point() else v for k, v in state.items()}
+        bias = next(k for k in state if k.endswith("bias") and "classifier" in k or k == "fc.bias")
+        state[bias][0] = 1e300
+        return state
+    return _weights_run(w, _base_weights(w, "f64.pth", change), "r_f64", "--set", "teacher.epochs=0")
+
+
+@case("wrong result", "weights whose classifier bias alone has another shape, with `teacher.epochs=0`", "epochs", 2,
+      "tests/models/test_weights.py")
+def weights_bias_alone(w):
+    import torch
+
+    def change(state):
+        bias = next(k for k in state if k.endswith("bias") and "classifier" in k or k == "fc.bias")
+        state[bias] = torch.zeros(3)
+        return state
+    return _weights_run(w, _base_weights(w, "bias.pth", change), "r_bias", "--set", "teacher.epochs=0")
+
+
+@case("one sentence", "sparse tensors in a .pth as model.teacher_weights", "sparse_coo", 2,
+      "tests/models/test_weights.py")
+def weights_sparse(w):
+    return _weights_run(w, _base_weights(w, "sparse.pth", lambda s: {k: v.to_sparse() if v.dim() == 2 else v
+                                                                       for k, v in s.items()}), "r_sparse")
+
+
+@case("wrong result", "`--set seed=010` (YAML 1.1 reads 8)", "another base", 2, "tests/run/test_config.py")
+def octal(w):
+    return ["config", "--set", "seed=010"]
+
+
+@case("wrong result", "`--set 'data.root=/photos #2'` (YAML reads a comment)", "root: '/photos #2'", 0,
+      "tests/run/test_config.py")
+def set_comment(w):
+    return ["config", "--set", "data.name=imagefolder", "--set", "data.root=/photos #2"]
+
+
+@case("one sentence", "a LAB-mode TIFF: `compress predict`", "cannot read image", 2, "tests/deploy/test_imageio.py")
+def lab_tiff(w):
+    from PIL import Image
+
+    Image.new("LAB", (28, 28)).save(os.path.join(w, "lab.tif"))
+    return ["predict", os.path.join(w, "base"), os.path.join(w, "lab.tif"), os.path.join(w, "digit.png")]
+
+
+@case("one sentence", "a manifest accuracy of 10^400: `compress show`", "damaged", 0, "tests/run/test_report.py")
+def huge_metric(w):
+    run_dir = copy_run(w, "r_huge")
+
+    def change(m):
+        m["stages"]["teacher"]["metrics"]["val_acc"] = 10**400
+        return m
+    edit_json(os.path.join(run_dir, "manifest.json"), change)
+    return ["show", run_dir]
+
+
+@case("message", "another program's folder (its own manifest.json and config.yaml) as --run-dir", "another program",
+      2, "tests/run/test_rundir.py")
+def foreign_manifest(w):
+    folder = os.path.join(w, "webapp")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "manifest.json"), "w") as f:
+        f.write('{"name": "app"}')
+    with open(os.path.join(folder, "config.yaml"), "w") as f:
+        f.write("server: {port: 80}\n")
+    return ["run", "--run-dir", folder]
+
+
+@case("message", "a class folder of .gif files", "skipped (.gif)", 2, "tests/data/test_imagefolder.py")
+def gif_class(w):
+    from PIL import Image
+
+    root = photos_tree(os.path.join(w, "photos_gif"))
+    os.makedirs(os.path.join(root, "train", "bird"))
+    for i in range(3):
+        Image.new("RGB", (40, 40)).save(os.path.join(root, "train", "bird", f"{i}.gif"))
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_gif"), "--set", f"data.root={root}", "--dry-run"]
+
+
+@case("message", "an ONNX std of 1e-300: `compress predict`", "compress.std", 2, "tests/deploy/test_onnx_model.py")
+def tiny_std(w):
+    import onnx
+
+    proto = onnx.load(os.path.join(w, "base", "export", "model.int8.onnx"))
+    for prop in proto.metadata_props:
+        if prop.key == "compress.std":
+            prop.value = json.dumps([1e-300])
+    onnx.save(proto, os.path.join(w, "tinystd.onnx"))
+    return ["predict", os.path.join(w, "tinystd.onnx"), os.path.join(w, "digit.png")]
+
+
+@case("lost", "`qat.float_layers` naming every layer (an int8 file without an int8 layer)", "keeps every layer", 2,
+      "tests/test_bad_inputs.py")
+def all_float(w):
+    return ["run", "--run-dir", copy_run(w, "r_allfloat"), "--stages", "qat", "--set",
+            "qat.float_layers=[stem, block1, block2, classifier]"]
 
 
 def main():
