@@ -21,6 +21,7 @@ from typing import Literal, NamedTuple, Optional
 import yaml
 
 from compress.data.registry import DATASETS
+from compress.deploy.imageio import MIN_STD
 from compress.deploy.runtimes import RUNTIMES
 from compress.deploy.runtimes import config_help as runtimes_help
 from compress.distill.logit_losses import LOGIT_LOSSES
@@ -35,7 +36,6 @@ MAX_SEED = 2**32 - 1
 MIN_TEMPERATURE = 0.05  # a softmax temperature below it turns the softened outputs one-hot and overflows the loss
 MAX_IMAGE_SIZE = 2048
 MAX_BATCH = 65536
-MIN_STD = 1e-3
 _MODEL_SOURCE = re.compile(r"^(torchvision:[A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?)$")
 
 
