@@ -58,8 +58,8 @@ def run(ctx):
     ctx.begin()
     paths = _write_files(ctx, float_model, int8_model, qconfig, model_name, data)
     files, sizes = {k: os.path.basename(p) for k, p in paths.items()}, {k: os.path.getsize(p) for k, p in paths.items()}
-    log.info("export: %s written; checking them on the %d validation images", ", ".join(files.values()),
-             len(data.val))
+    log.info("export: %s written; checking them on the %s validation images", ", ".join(files.values()),
+             f"{len(data.val):,}")
     measured = measure_accuracy(float_model, int8_model, paths, eval_loader(data.val, cfg.train.eval_batch_size, 0, 1))
     stop_if_asked("after checking parity")
     log.info("export: timing the files in %s (batch %s)", ", ".join(runtimes),

@@ -260,11 +260,16 @@ def load_training_state(path, modules, optimizer):
     for key, value in opt_meta["scalars"].items():
         pid, name = key.split(".", 1)
         state.setdefault(int(pid), {})[name] = value
+    # the hyperparameters are the config's (the same config, or the stage would not resume): a value edited in
+    # the file (momentum -5) is not taken over; only the state the optimizer accumulated comes from it
+    configured = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
         optimizer.load_state_dict({"state": state, "param_groups": opt_meta["param_groups"]})
     except (ValueError, KeyError, TypeError, RuntimeError) as e:  # torch: "... doesn't match the size of ..."
         raise CheckpointError(f"resume checkpoint '{path}' does not fit the optimizer ({str(e).splitlines()[0]}); "
                               f"{start_over}") from None
+    for group, values in zip(optimizer.param_groups, configured):
+        group.update(values)
     return _decode(meta["state"])  # not JSON: the raw text, which `validate_resume_state` refuses as no mapping
 
 

@@ -107,6 +107,24 @@ def test_training_state_restores_optimizer_exactly(tmp_path):
     assert json.dumps(opt.state_dict()["param_groups"]) == json.dumps(opt2.state_dict()["param_groups"])
 
 
+def test_the_optimizers_hyperparameters_are_the_configs_not_the_files(tmp_path):
+    """A resume takes the optimizer's accumulated state from the file, its hyperparameters from the optimizer the
+    config built: a file edited to momentum -5 trained to NaN under "lower teacher.lr" advice."""
+    model = small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5, weight_decay=0.3)
+    model(torch.randn(4, 1, 8, 8)).sum().backward()
+    opt.step()
+    path = tmp_path / "last.safetensors"
+    save_training_state(path, {"model": model}, opt, {"epoch": 1, "step": 0, "history": []})
+    model2 = small(seed=3)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9, weight_decay=0.0)
+    load_training_state(path, {"model": model2}, opt2)
+    group = opt2.param_groups[0]
+    assert (group["momentum"], group["weight_decay"]) == (0.9, 0.0)
+    buffers = [opt2.state[p]["momentum_buffer"] for p in group["params"]]
+    assert all(torch.equal(b, opt.state[p]["momentum_buffer"]) for b, p in zip(buffers, opt.param_groups[0]["params"]))
+
+
 def test_qat_state_with_shared_tensors_saves_and_reloads(tmp_path):
     example = torch.randn(2, 1, 8, 8)
     prepared = quant.prepare(small(), example)
