@@ -61,7 +61,7 @@ def build_rows(run, stages):
         # a row's figures come from its file, or from the stage's record of it ("record": export.json)
         changed = files_changed(run, entry.get("outputs", {}),
                                 [r[k] for r in produced for k in ("file", "record") if r.get(k)])
-        notes.extend(_implausible_figures(name, produced))
+        notes.extend(_implausible_figures(name, produced, refresh))
         batch = _largest_batch_timed(entry.get("metrics") or {})
         for row in produced:
             if batch and row.get("latency_b64_ms") is not None:
@@ -72,7 +72,11 @@ def build_rows(run, stages):
             notes.append(f"{name}: {', '.join(changed)} changed after the stage wrote it: its figures are not that "
                          f"file's, and the rows are marked; `{refresh} --stages {name} --force` writes it again")
         elif hasattr(spec, "report_notes"):
-            notes.extend(spec.report_notes(entry))
+            try:
+                notes.extend(spec.report_notes(entry))
+            except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as e:  # a hand-edited figure
+                notes.append(f"{name}: its notes are left out - a figure in manifest.json is damaged "
+                             f"({e.__class__.__name__}); `{refresh} --stages {name} --force` writes it again")
         for row in produced:
             if "artifact" not in row:  # a figure for another stage's row, measured from that stage's file
                 if row.pop("record", None) in changed:  # read from a record edited since: not that stage's figure
@@ -105,7 +109,7 @@ def plausible(value, low=0, high=float("inf")):
         return False
 
 
-def _implausible_figures(name, produced):
+def _implausible_figures(name, produced, refresh="compress run"):
     """Set every figure of the rows `produced` by stage `name` that is not plausible (PLAUSIBLE) to None, shown as
     not available, and return one note per figure naming the file it was read from and its key ("damaged": `compress
     show` prints it beside the "-")."""
@@ -117,7 +121,7 @@ def _implausible_figures(name, produced):
                 source = row.get("record") or f"manifest.json (stage '{name}')"
                 notes.append(f"{name}: the {key} of the {row.get('artifact') or row['id']} row in {source} is "
                              f"damaged (not a number from {low:g} to {high:g}) and is shown as not available; correct "
-                             f"it, or rerun with --stages {name} --force")
+                             f"it, or rerun it: `{refresh} --stages {name} --force`")
     return notes
 
 

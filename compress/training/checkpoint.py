@@ -285,7 +285,7 @@ def resume_state_problem(state, epochs=None, steps_per_epoch=None):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             return f"'{key}' is {value!r}, not a whole number >= 0"
         if value > MAX_COUNT:  # no schedule is that long: known without the data (the plan says it too)
-            return f"'{key}' is {value:.3g}, beyond any schedule"
+            return f"'{key}' is a {len(str(value))}-digit number, beyond any schedule"
     if epochs is not None and state["epoch"] > epochs:
         return f"'epoch' {state['epoch']} is beyond the configured {epochs} epochs"
     if steps_per_epoch is not None and state["step"] > steps_per_epoch:

@@ -161,3 +161,16 @@ def test_the_figure_skips_points_that_are_not_finite(finished_run):
         assert len(fig.axes[0].collections) < len(drawn) + sum(bool(r.get("ship")) for r in drawn)
     finally:
         plt.close(fig)
+
+
+def test_a_damaged_figure_the_export_notes_read_from_the_manifest_leaves_the_notes_out(run_copy):
+    """The export stage's notes format figures of its manifest entry (not a hashed file): one of 400 digits there
+    leaves those notes out with a sentence, never an OverflowError in show or report."""
+    manifest = json.loads((run_copy / "manifest.json").read_text())
+    manifest["stages"]["export"]["metrics"]["int8_onnx_acc"] = 10**400
+    (run_copy / "manifest.json").write_text(json.dumps(manifest))
+    for command in ("show", "report"):
+        result = invoke(command, run_copy)
+        assert result.exit_code == 0, result.output
+        assert "export: its notes are left out - a figure in manifest.json is damaged" in result.stdout + \
+            (run_copy / "report.md").read_text()

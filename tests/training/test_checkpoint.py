@@ -200,6 +200,8 @@ def test_a_resume_step_or_epoch_beyond_any_schedule_is_damaged_without_the_data(
     from compress.training.checkpoint import resume_state_problem
 
     state = {"epoch": 1, "step": 10**30, "history": [], "config_hash": "x"}
-    assert resume_state_problem(state) == "'step' is 1e+30, beyond any schedule"
-    assert resume_state_problem({**state, "step": 3, "epoch": 10**12}) == "'epoch' is 1e+12, beyond any schedule"
+    assert resume_state_problem(state) == "'step' is a 31-digit number, beyond any schedule"
+    assert resume_state_problem({**state, "step": 3, "epoch": 10**12}) == "'epoch' is a 13-digit number, beyond " \
+        "any schedule"
+    assert "401-digit" in resume_state_problem({**state, "epoch": 10**400})  # past a float: no OverflowError
     assert resume_state_problem({**state, "step": 3}) is None
