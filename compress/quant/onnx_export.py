@@ -5,6 +5,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -35,21 +36,43 @@ def native_warnings_to_log():
     """What the exporter's C++ side writes straight to file descriptor 2 ("[W...] Warning: The shape inference
     of prim::TupleConstruct type is missing") routed like the Python libraries' warnings: into the run's log.txt,
     onto the terminal only with -v. Held in an anonymous temporary file, never a pipe (a full pipe would block
-    the exporter)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
+    the exporter). Only the native warning lines ("[W...") are logged; anything else written there meanwhile (a
+    Python warning shown with -v) is passed on as it was. Where there is no stderr to redirect, or no temporary
+    file to hold it, nothing is captured."""
+    try:
+        if sys.stderr is not None:
+            sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # fd 2 closed (`2>&-`)
+        yield
+        return
+    try:
+        held = tempfile.TemporaryFile()
+    except OSError:  # no writable temporary folder: the warnings stay on the terminal
+        os.close(saved)
+        yield
+        return
+    with held:
         os.dup2(held.fileno(), 2)
         try:
             yield
         finally:
-            sys.stderr.flush()
+            if sys.stderr is not None:
+                sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
             held.seek(0)
+            passed = []
             for line in held.read().decode("utf-8", "replace").splitlines():
-                if line.strip():
+                if NATIVE_WARNING.match(line):
                     logging.getLogger("py.warnings").warning("%s", line)
+                elif line.strip():
+                    passed.append(line + "\n")
+            if passed:
+                os.write(2, "".join(passed).encode("utf-8", "replace"))
+
+
+NATIVE_WARNING = re.compile(r"\[W\d{4} ")  # c10's warning prefix: [W<month><day> <time> <thread> <file>:<line>]
 
 
 EXPORTER_MAX_OPSET = 20  # the TorchScript exporter's newest; newer opsets come from onnx's version converter
