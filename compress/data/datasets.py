@@ -89,7 +89,7 @@ def load_data(cfg, seed, unlabeled=False, place=None):
 def channel_stats(dataset):
     """Per-channel mean/std of the (un-normalised, un-augmented) images in [0, 1]; a std no smaller than a config's
     data.std may be (MIN_STD), so the ONNX metadata that carries it is one `predict` accepts."""
-    from compress.deploy.imageio import MIN_STD
+    from compress.run.schema import MIN_STD
 
     n = min(len(dataset), STATS_SAMPLES)
     idx = torch.linspace(0, len(dataset) - 1, n).round().long().tolist()

@@ -22,7 +22,6 @@ from compress.errors import InputError
 # the files a folder walk takes as images, in training, `compress eval` and `compress predict` alike (torchvision's
 # list: others, such as .gif or .heic, are counted and named by the data scan, never read from a folder)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-MIN_STD = 1e-3  # the smallest per-channel std pixels in 0..1 are divided by (config, channel statistics, ONNX metadata)
 HIGH_DEPTH_MODES = {"I;16": 65535.0, "I;16B": 65535.0, "I;16L": 65535.0, "I;16N": 65535.0, "I": 65535.0}
 
 

@@ -137,7 +137,7 @@ class OnnxModel:
                                  f"{str(m.get(key))[:80]}; re-export the model")
         if any(v <= 0 for v in m["std"]):
             raise InputError(f"{where} compress.std must be positive; got {m['std']}; re-export the model")
-        from compress.deploy.imageio import MIN_STD  # the bound a config's data.std is held to
+        from compress.run.schema import MIN_STD  # the bound a config's data.std is held to
 
         # pixels are scaled to 0..1: a std far below MIN_STD (1e-300) turns them into infinities, and one above its
         # inverse flattens every image to its mean: either way the scores are not the model's answer

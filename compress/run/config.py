@@ -21,7 +21,6 @@ from typing import Literal, NamedTuple, Optional
 import yaml
 
 from compress.data.registry import DATASETS
-from compress.deploy.imageio import MIN_STD
 from compress.deploy.runtimes import RUNTIMES
 from compress.deploy.runtimes import config_help as runtimes_help
 from compress.distill.logit_losses import LOGIT_LOSSES
@@ -29,7 +28,7 @@ from compress.errors import ConfigError, InputError
 from compress.fileio import read_bytes
 from compress.run import schema
 from compress.run.contract import LEFT_OUT
-from compress.run.schema import problems_if
+from compress.run.schema import MIN_STD, problems_if
 
 DATASET_NAMES = tuple(DATASETS)
 MAX_SEED = 2**32 - 1
@@ -534,7 +533,7 @@ def load_config(path=None, overrides=(), follow_links=True):
     """Read a YAML file (or start from the defaults), apply `key.path=value` overrides, validate everything."""
     raw = read_yaml(path, follow_links) if path else {}
     sections = [f.name for f in dataclasses.fields(Config)]
-    if len(raw) > 3 and not any(key in sections for key in raw):  # not a config: its lines are not echoed back
+    if len(raw) > 3 and not any(str(key).split(".")[0] in sections for key in raw):  # its lines are not echoed back
         raise ConfigError([f"none of its {len(raw)} top-level keys is a config section ({', '.join(sections)}); is "
                            "it really a compress config?"], source=path)
     for item in overrides:
@@ -545,7 +544,8 @@ def load_config(path=None, overrides=(), follow_links=True):
             value = parse_yaml(text, f"--set {key.strip()}") if text.strip() else None
         except yaml.YAMLError:
             value = text
-        if isinstance(value, str) and value != text.strip() and not text.strip().startswith(("'", '"')):
+        if isinstance(value, str) and value != text.strip() and not text.strip().startswith(("'", '"')) \
+                and not _numeric_text(value):  # (YAML 1.1 reads 1e-3 as text: `1e-3 # lower` stays the number)
             value = text.strip()  # YAML would cut or rewrite it (`/photos #2` loses ` #2`): text as typed
         section = schema.section_type(Config, key.strip()) if value is None else None
         if section:
@@ -562,6 +562,14 @@ def load_config(path=None, overrides=(), follow_links=True):
         return schema.build(Config, raw)
     except ConfigError as e:
         raise _named_by_origin(e.problems, path, [item.partition("=")[0].strip() for item in overrides]) from None
+
+
+def _numeric_text(text):
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
 
 
 def _named_by_origin(problems, path, set_keys):

@@ -13,6 +13,8 @@ import typing
 
 from compress.errors import ConfigError
 
+MIN_STD = 1e-3  # the smallest per-channel std pixels in 0..1 are divided by (config, channel statistics, ONNX metadata)
+
 _MISSING = object()
 
 

@@ -80,7 +80,7 @@ def test_an_onnx_file_whose_std_is_out_of_bounds_is_refused_before_any_pixel_is_
     naming the file and key, before numpy divides by it and prints a RuntimeWarning and a source line."""
     from PIL import Image
 
-    from compress.deploy.imageio import MIN_STD
+    from compress.run.schema import MIN_STD
     from conftest import compress_subprocess
 
     proto = onnx.load(finished_run / "export" / "model.int8.onnx")

@@ -177,6 +177,7 @@ def test_a_set_string_keeps_what_yaml_would_cut():
     for text in ("/photos #2", "&a /photos", "!!str /photos"):
         assert load_config(None, ["data.name=imagefolder", f"data.root={text}"]).data.root == text
     assert load_config(None, ["data.name=imagefolder", "data.root='/my photos'"]).data.root == "/my photos"
+    assert load_config(None, ["teacher.lr=1e-3 # lower"]).teacher.lr == 1e-3  # a number stays one (YAML: text)
 
 
 def test_a_text_file_that_is_no_config_is_not_echoed_back_key_by_key(tmp_path):
@@ -188,6 +189,11 @@ def test_a_text_file_that_is_no_config_is_not_echoed_back_key_by_key(tmp_path):
         load_config(str(other), [])
     assert str(info.value) == (f"config error in {other}: none of its 5 top-level keys is a config section (seed, "
                                "data, model, train, teacher, distill, qat, export); is it really a compress config?")
+    dotted = tmp_path / "dotted.yaml"  # --set's keys written as a file: not called "no config"
+    dotted.write_text("data.root: x\nteacher.epochs: 3\ndistill.epochs: 3\nqat.epochs: 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(dotted), [])
+    assert "is it really" not in str(info.value) and "unknown key 'data.root'" in str(info.value)
     misspelt = tmp_path / "c.yaml"
     misspelt.write_text("teachr: {epochs: 3}\n")
     with pytest.raises(ConfigError, match=r"unknown key 'teachr' \(did you mean 'teacher'\?\)"):
