@@ -80,11 +80,6 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
     config_path, note = recipes.resolve(config_path)
     own_config = not config_path and os.path.lexists(os.path.join(run_dir, "config.yaml"))
     if own_config:  # the run's own file: read as it is, never through a link (it is printed back in errors)
-        from compress.run.rundir import RunDir
-
-        run = RunDir(run_dir)  # another program's folder is named as such, not by its config.yaml's keys
-        run.check_usable(writing=False)
-        run.manifest()
         config_path = os.path.join(run_dir, "config.yaml")
     elif not config_path and not overrides and os.path.isdir(os.path.join(run_dir, "cache", "pixels")) and \
             not os.path.lexists(os.path.join(run_dir, "manifest.json")):
@@ -93,6 +88,11 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
                          "digits)")
     overrides = list(overrides) + ([f"train.device={device}"] if device else [])
     try:
+        if own_config:  # another program's folder is named as such, not by its config.yaml's keys
+            from compress.run.rundir import RunDir
+
+            RunDir(run_dir).check_usable(writing=False)
+            RunDir(run_dir).manifest()
         cfg = load_config(config_path, overrides, follow_links=not own_config)
     except CompressError as e:  # every torchrun worker parses the same config: let rank 0 alone say so
         from compress.errors import MirroredError

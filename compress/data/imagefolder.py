@@ -104,16 +104,14 @@ def _scan(cfg):
 
 def _unused_splits(root, train_dir, held_out):
     """A note naming the split folders beside train/ that are not read (test/ beside val/: only the first held-out
-    folder there is validates), so images a user put there are not silently left out."""
+    folder validates), so that images there are known to be left out - a test set kept apart, or a mistake."""
     unused = sorted(e.name for e in os.scandir(root) if e.is_dir() and split_name(e.name) and e.name != held_out
                     and os.path.join(root, e.name) != train_dir)
     if not unused:
         return []
     shown = ", ".join(f"{imageio.printable(name)}/" for name in unused)
-    them = "its images" if len(unused) == 1 else "their images"
     return [f"validation uses {held_out}/; {shown} beside it {'is' if len(unused) == 1 else 'are'} not used "
-            f"(compress validates on the first of {', '.join(f'{n}/' for n in SPLIT_FOLDERS)} there is): to "
-            f"validate on {them} too, move them into {held_out}/"]
+            f"(compress validates on the first of {', '.join(f'{n}/' for n in SPLIT_FOLDERS)} there is)"]
 
 
 SAMPLED = 200  # headers read for the EXIF orientation note: ~20 ms, spread evenly over the images

@@ -53,8 +53,9 @@ def deployed_file(path):
 def _export_run(path):
     run = run_of(path)
     if not os.path.isfile(export_report.report_path(run)):
-        raise InputError(f"'{path}' is a folder without export/export.json; pass an .onnx file, or finish this run "
-                         f"first (compress run --run-dir {shlex.quote(str(run))})")
+        finish = (f"finish this run first (compress run --run-dir {shlex.quote(str(run))})"
+                  if os.path.isfile(os.path.join(run, "manifest.json")) else "a run directory whose export stage ran")
+        raise InputError(f"'{path}' is a folder without export/export.json; pass an .onnx file, or {finish}")
     return run
 
 

@@ -308,7 +308,7 @@ def load_pretrained(model, path, key):
     whole_head_absent = heads and not heads & set(state) and _keys_fit(state, target, heads)
     absent = sorted(heads) if whole_head_absent else []  # backbone-only weights
     # one head tensor that does not fit (the bias alone, too) makes the whole head a new one: the model's own
-    new_head = sorted(heads & set(state)) if replaced else []
+    new_head = sorted(heads) if replaced else []
     for k in [*new_head, *absent]:
         state[k] = target[k]
     problem = key_mismatch(target, state, "wrong shape", lambda t, v: t.shape != v.shape,

@@ -186,9 +186,9 @@ def report_notes(m):
         fp32 = m.get("fp32_onnx_acc")
         if isinstance(fp32, (int, float)) and m["qat_minus_ptq_points"] >= 3 and m["int8_onnx_acc"] - fp32 >= 3:
             notes.append(f"The QAT file is {m['int8_onnx_acc'] - fp32:.1f} points above the float student it started "
-                         f"from ({fp32:.2f}%): that is its fine-tuning epochs training a student that had not "
-                         "converged, not quantization - more distill epochs would give the float student (and "
-                         "PTQ) as much.")
+                         f"from ({fp32:.2f}%): that is its fine-tuning epochs training a model that had not "
+                         "converged, not quantization - more epochs for that float model (in the stage qat.source "
+                         "names) would give it, and PTQ, as much.")
     return notes
 
 

@@ -104,8 +104,10 @@ def checks(fp32, int8, int8_kernels, e):
         "int8_kernels": {"ok": bool(int8_kernels),
                          "detail": "onnxruntime runs " + (", ".join(int8_kernels) or
                                                           "no int8 kernels after optimisation: the model has no layer "
-                                                          "onnxruntime runs in int8 - quantize them all with "
-                                                          "--set 'qat.float_layers=[]' and rerun qat")},
+                                                          "onnxruntime runs in int8: if qat.float_layers "
+                                                          "keeps layers float, --set 'qat.float_layers=[]' and rerun "
+                                                          "qat; if not, onnxruntime has no int8 kernel for this "
+                                                          "model's layers - deploy model.fp32.onnx")},
     }
     if not out["fp32_parity"]["ok"] and not math.isfinite(fp32["max_scaled_diff"]):
         out["fp32_parity"]["detail"] += ("; the logits are not finite (NaN or inf): the float student itself is "

@@ -135,8 +135,10 @@ def test_deployment_errors_are_one_clear_line(finished_run, tmp_path):
         (("bench", tmp_path / "absent"), f"'{tmp_path / 'absent'}' does not exist; pass .onnx files, or a run"),
         (("bench", model, "--batch", "0"), "positive whole numbers"),
         (("bench", model, "--threads", "2,2"), "give each value once, got '2,2'"),
-        (("bench", tmp_path), f"is a folder without export/export.json; pass an .onnx file, or finish this run "
-                              f"first (compress run --run-dir {tmp_path})"),
+        (("bench", tmp_path), "is a folder without export/export.json; pass an .onnx file, or a run directory whose "
+                              "export stage ran"),  # no run there: nothing to finish
+        (("predict", tmp_path / "half", "x.png"), f"pass an .onnx file, or finish this run first (compress run "
+                                                  f"--run-dir {tmp_path / 'half'})"),  # a run without its export
         # no images at all is an error, not a silent exit 0
         (("predict", model, tmp_path / "empty"), f"no images in '{tmp_path / 'empty'}': give image files"),
         (("eval", finished_run, tmp_path / "absent"), "is not a folder"),
@@ -146,6 +148,8 @@ def test_deployment_errors_are_one_clear_line(finished_run, tmp_path):
         (("eval", finished_run, tmp_path, "--png", tmp_path / "c.txt"), "give a file name ending in .png"),
     ]
     (tmp_path / "empty").mkdir()
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "manifest.json").write_text("{}")
     (tmp_path / "empty" / "notes.txt").write_text("no image here")
     for args, message in cases:
         result = invoke(*args)

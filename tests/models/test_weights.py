@@ -333,6 +333,23 @@ def test_a_head_whose_bias_alone_does_not_fit_is_a_new_head_trained_from_scratch
     assert same(state, loaded, skip=("fc.weight", "fc.bias")) and same(own_head, loaded)
 
 
+def test_a_head_of_another_size_without_a_bias_is_replaced_whole():
+    """A file whose classifier has another class count and no bias: the whole head is new anyway, so its missing
+    bias is not a missing key."""
+    import tempfile
+
+    from torch import nn
+
+    torch.manual_seed(0)
+    other = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3, bias=False))
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 10))
+    with tempfile.TemporaryDirectory() as folder:
+        torch.save(other.state_dict(), os.path.join(folder, "nobias.pth"))
+        note = load_pretrained(model, os.path.join(folder, "nobias.pth"), "model.teacher_weights")
+    assert "its classifier head 2.weight (3, 8) was replaced by a new one of shape (10, 8)" in note
+    assert torch.equal(model.state_dict()["0.weight"], other.state_dict()["0.weight"])
+
+
 @pytest.mark.filterwarnings("ignore:Validating sparse tensor invariants")
 def test_sparse_or_meta_tensors_are_refused_naming_the_tensor(tmp_path):
     state = build_model("resnet14", (1, 8, 8), 10).state_dict()

@@ -116,7 +116,7 @@ def test_a_qat_gain_that_is_training_an_unconverged_student_is_called_that():
     m = {"deploy": "model.int8.onnx", "deploy_why": "faster", "int8_onnx_acc": 39.73, "ptq_onnx_acc": 29.65,
          "fp32_onnx_acc": 29.09, "qat_minus_ptq_points": 10.08}
     assert ("The QAT file is 10.6 points above the float student it started from (29.09%): that is its fine-tuning "
-            "epochs training a student that had not converged, not quantization") in " ".join(report_notes(m))
+            "epochs training a model that had not converged, not quantization") in " ".join(report_notes(m))
     converged = {**m, "int8_onnx_acc": 79.1, "ptq_onnx_acc": 79.0, "fp32_onnx_acc": 79.2, "qat_minus_ptq_points": 0.1}
     assert "had not converged" not in " ".join(report_notes(converged))
 
