@@ -365,9 +365,9 @@ def _plan(cfg, run, stage_names, force, world):
             action, why = "run", str(e)
         if upstream:  # whatever the files say now, its inputs are about to change
             upstream.sort(key=lambda i: list(STAGES).index(i.stage))
-            names = _and(list(dict.fromkeys(i.stage for i in upstream)))
-            rels = [STAGES[i.stage].OUTPUTS[i.output] for i in upstream]
-            s = "" if len(upstream) > 1 else "s"
+            stages_first = list(dict.fromkeys(i.stage for i in upstream))
+            names, rels = _and(stages_first), [STAGES[i.stage].OUTPUTS[i.output] for i in upstream]
+            s = "" if len(stages_first) > 1 else "s"  # the verb agrees with the stages, not with their files
             exists = all(os.path.isfile(run.path(rel)) for rel in rels)
             action, why = "run", (f"{names} run{s} first and replace{s} {_and(rels)}" if exists else
                                   f"after {names}, which write{s} {_and(rels)}")
