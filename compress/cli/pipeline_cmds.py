@@ -37,6 +37,21 @@ def resolve_run_dir(run_dir, name, config_path):
     return os.path.join("artifacts", name or stem)
 
 
+def _config_source(config_path, run_dir, overrides):
+    """(config file, whether it is the run directory's own): -c as given, else the run's config.yaml - read as it
+    is, never through a link (it is printed back in errors) - else the defaults (None)."""
+    if config_path:
+        return config_path, False
+    if os.path.lexists(os.path.join(run_dir, "config.yaml")):
+        return os.path.join(run_dir, "config.yaml"), True
+    if not overrides and os.path.isdir(os.path.join(run_dir, "cache", "pixels")) and \
+            not os.path.lexists(os.path.join(run_dir, "manifest.json")):
+        raise InputError(f"'{run_dir}' holds only the images a first run decoded before it stopped, not its config: "
+                         "rerun that run's command, with its -c and --set (the defaults would train on the built-in "
+                         "digits)")
+    return None, False
+
+
 @cli.command()
 @click.option("-c", "--config", "config_path",
               help="YAML config file, or the name of a shipped recipe (compress config --list: default, cifar10, "
@@ -78,14 +93,7 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
     stage_names = parse_stages(",".join(stages) if stages else ",".join(STAGE_ORDER))
     run_dir = resolve_run_dir(run_dir, name, config_path)
     config_path, note = recipes.resolve(config_path)
-    own_config = not config_path and os.path.lexists(os.path.join(run_dir, "config.yaml"))
-    if own_config:  # the run's own file: read as it is, never through a link (it is printed back in errors)
-        config_path = os.path.join(run_dir, "config.yaml")
-    elif not config_path and not overrides and os.path.isdir(os.path.join(run_dir, "cache", "pixels")) and \
-            not os.path.lexists(os.path.join(run_dir, "manifest.json")):
-        raise InputError(f"'{run_dir}' holds only the images a first run decoded before it stopped, not its config: "
-                         "rerun that run's command, with its -c and --set (the defaults would train on the built-in "
-                         "digits)")
+    config_path, own_config = _config_source(config_path, run_dir, overrides)
     overrides = list(overrides) + ([f"train.device={device}"] if device else [])
     try:
         if own_config:  # another program's folder is named as such, not by its config.yaml's keys

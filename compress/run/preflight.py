@@ -69,15 +69,7 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
             if missing(runtime):
                 found.append(f"export.runtimes: {missing(runtime)}, or leave {runtime} out of export.runtimes")
     found.extend(_worker_problems(cfg, stage_names))
-    for stage in stage_names:
-        if stage in TRAINING_STAGES and not (stage == "teacher" and cfg.teacher.epochs == 0):
-            batch = getattr(cfg, stage).batch_size
-            if batch % world_size:
-                from compress.run.config import MAX_BATCH
-
-                fix = (f"use a multiple of {world_size}" if world_size <= MAX_BATCH else
-                       f"a batch holds at most {MAX_BATCH:,} images, so run at most {MAX_BATCH:,} processes")
-                found.append(f"{stage}.batch_size: {batch} does not split evenly over {world_size:,} processes; {fix}")
+    found.extend(_batch_problems(cfg, stage_names, world_size))
     return found
 
 
@@ -159,6 +151,21 @@ def _model_problems(cfg, stage_names):
         except InputError as e:
             found.append(f"{quantized}: {e}; QAT needs a model torch.fx can trace (choose another model, or "
                          "leave qat out of --stages)")
+    return found
+
+
+def _batch_problems(cfg, stage_names, world_size):
+    """A training stage's global batch that does not split evenly over the processes."""
+    from compress.run.config import MAX_BATCH
+
+    found = []
+    for stage in stage_names:
+        if stage in TRAINING_STAGES and not (stage == "teacher" and cfg.teacher.epochs == 0):
+            batch = getattr(cfg, stage).batch_size
+            if batch % world_size:
+                fix = (f"use a multiple of {world_size}" if world_size <= MAX_BATCH else
+                       f"a batch holds at most {MAX_BATCH:,} images, so run at most {MAX_BATCH:,} processes")
+                found.append(f"{stage}.batch_size: {batch} does not split evenly over {world_size:,} processes; {fix}")
     return found
 
 
