@@ -99,8 +99,9 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
         if own_config:  # another program's folder is named as such, not by its config.yaml's keys
             from compress.run.rundir import RunDir
 
-            RunDir(run_dir).check_usable(writing=False)
-            RunDir(run_dir).manifest()
+            run = RunDir(run_dir)
+            run.check_usable(writing=False)
+            run.manifest()
         cfg = load_config(config_path, overrides, follow_links=not own_config)
     except CompressError as e:  # every torchrun worker parses the same config: let rank 0 alone say so
         from compress.errors import MirroredError

@@ -265,7 +265,8 @@ def and_more(keys):
 def _finite(v, dtype):
     """Whether `v` holds no NaN or infinity, as stored and once cast to the model's `dtype` (1e300 in a float64
     file is inf as float32)."""
-    return all(bool(torch.isfinite(t).all()) for t in (v, v.to(dtype)) if t.is_floating_point())
+    cast = v.to(dtype) if v.dtype != dtype else None  # the same dtype: one check of the tensor as stored
+    return all(bool(torch.isfinite(t).all()) for t in (v, cast) if t is not None and t.is_floating_point())
 
 
 def _value_problem(state, target):
