@@ -580,8 +580,8 @@ def _named_by_origin(problems, path, set_keys):
         head = unknown.group(1) if unknown else problem.split(":", 1)[0]
         section, _, names = head.rpartition(".")
         heads = [f"{section}.{n}" if section else n for n in names.split("/")]  # 'data.mean/std': either key
-        return any(h == k or h.startswith((f"{k}.", f"{k}[")) or k.startswith(f"{h}.")
-                   for k in set_keys for h in heads)  # 'data.mean[0]': an item of a list --set gave
+        return head in set_keys or any(h == k or h.startswith((f"{k}.", f"{k}[")) or k.startswith(f"{h}.")
+                                       for k in set_keys for h in heads)  # 'data.mean[0]': an item of a list --set gave
     if problems and all(from_set(p) for p in problems):
         return ConfigError(problems, source="--set")
     return ConfigError([f"{p} (from --set)" if from_set(p) else p for p in problems], source=path)

@@ -68,7 +68,8 @@ def test_a_refused_value_is_traced_to_the_file_or_to_the_set_that_gave_it(tmp_pa
                                "'distill.kd.weight'?)")
     # a --set below a key the config does not have, or below a value, and a problem of two keys one of them set
     for sets, problem in ((["foo.bar.baz=1"], "unknown key 'foo'"), (["data.name.x=1"], "data.name: expected a "
-                          "string, got a mapping"), (["data.mean=[]"], "data.mean/std: give both or neither")):
+                          "string, got a mapping"), (["data.mean=[]"], "data.mean/std: give both or neither"),
+                          (["data.a/b=1"], "unknown key 'data.a/b'")):
         with pytest.raises(ConfigError) as info:
             load_config(None, sets)
         assert str(info.value).startswith(("config error in --set: ", "2 config errors in --set:")), sets
