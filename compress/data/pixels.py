@@ -387,6 +387,7 @@ def hold(files, channels, rule, budget, place=None, role="train", fingerprint=No
         if place.env.is_main and place.in_run_dir:
             _prune(place.folder, role, spec.key)
         cache.build(files, rule, place.env, plan["missing"])
+    _seen_by_every_process(cache, place.env)
     pixels = cache.open(budget)
     took = time.perf_counter() - start
     where = "memory-mapped from" if pixels.mapped else "in memory, from"
@@ -395,6 +396,24 @@ def hold(files, channels, rule, budget, place=None, role="train", fingerprint=No
     return pixels, (f"{count:,} {role} images {_side_text(rule)}, {pixels.nbytes / 2**20:,.0f} MB "
                     f"{where} {os.path.relpath(cache.folder, place.shown_from) if place.shown_from else cache.folder} "
                     f"({done})")
+
+
+def _seen_by_every_process(cache, env):
+    """Every process reads the chunks rank 0 wrote: a cache folder that is another folder on another node (a
+    data.cache_dir on a node's own disk, or relative to each launcher's working directory) is refused in one
+    sentence here, not found missing by a worker in the middle of training."""
+    if not env.distributed:
+        return
+    from compress.training import distributed as dist
+
+    whole = os.path.isfile(cache.index_path) and all(os.path.isfile(cache.chunk_path(c))
+                                                      for c in range(cache.spec.chunks))
+    blind = dist.all_reduce(env, torch.tensor([0 if whole else 1], dtype=torch.long), op="max")
+    if int(blind[0]):
+        dist.raise_on_main(env, InputError(
+            f"data: the pixel cache {cache.folder} that rank 0 wrote is not there for every process (a folder on "
+            "one node's own disk?); set data.cache_dir to an absolute path every node sees, or leave it unset "
+            "to keep the cache in the run directory"))
 
 
 def _prune(folder, role, key):

@@ -209,6 +209,43 @@ def test_two_processes_decode_the_images_once_into_the_same_cache_as_one(tmp_pat
 
 
 @pytest.mark.e2e
+def test_a_cache_folder_that_is_another_folder_on_each_node_is_refused_in_one_sentence(tmp_path):
+    """Two torchrun launchers ("nodes") in their own working directories, data.cache_dir relative: each node's
+    folder is its own disk. Rank 0 writes the chunks into its folder; the other rank, not finding them, is not
+    left to fail when it opens one: the run stops with one sentence naming the folder."""
+    import socket
+    import subprocess
+    import sys
+
+    root = tmp_path / "photos"
+    imagefolder(root, per_class=8)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def node(rank):
+        cwd = tmp_path / f"node{rank}"
+        cwd.mkdir()
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+             "--node-rank", str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+             "--rdzv-id", "compress-test", "--log-dir", str(tmp_path / f"elastic{rank}"), "-m", "compress",
+             *map(str, run_args(root, tmp_path / "run", "--set", "data.cache_dir=pixels", "--set",
+                                "train.threads=1"))],
+            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    launchers = [node(0), node(1)]
+    errors = [p.communicate(timeout=600)[1] for p in launchers]
+    assert all(p.returncode != 0 for p in launchers), errors
+    said = "\n".join(errors)
+    assert "that rank 0 wrote is not there for every process" in said, said[-3000:]
+    assert "set data.cache_dir to an absolute path every node sees" in said
+    assert "unexpected" not in said and "FileNotFoundError" not in said, said[-3000:]  # (torchrun's own
+    # launcher prints a traceback for any failed worker: not ours to check)
+
+
+@pytest.mark.e2e
 def test_every_stage_of_a_run_reuses_the_pixels_the_first_decoded(tmp_path):
     root = tmp_path / "photos"
     imagefolder(root, per_class=20)
