@@ -82,7 +82,8 @@ def run(ctx):
     precision = ctx.precision([student, teacher.model], data.train.batch([0]).x)
     loader, val = ctx.loaders(train_set, data.val, d.batch_size, "distill.batch_size")
     store, plan = plan_store(ctx.run.path(STORE_FOLDER), env, d, ctx.input_sha256("teacher", "model"),
-                             cfg.model.teacher, teacher, train_set, data.num_classes, precision)
+                             cfg.model.teacher, teacher, train_set, data.num_classes, precision,
+                             teacher_code=ctx.state.inputs.get(Code("model.teacher").input_key, ""))
     teacher_acc = evaluate(teacher.model, val, env, precision)["val_acc"]
     _warn_if_near_chance(env, "the teacher", teacher_acc, data.num_classes,
                          "distilling from it cannot help; train it longer (teacher.epochs) and rerun")

@@ -73,13 +73,19 @@ class StoreSpec:
     cosine_layer: str = ""
     cosine_width: int = 0  # 0: no features stored
     rows_per_chunk: int = ROWS_PER_CHUNK
+    teacher_code: str = ""  # sha256 of the teacher's source file when it is the user's code (<module>:<function>):
+    # the same weights under edited code give other outputs
+
+    def _keyed(self):
+        """Everything but the number of views: view v is the same pixels whatever the count, so a store of V
+        views serves any run of up to V views, and a run wanting more adds views to it. A registry or torchvision
+        teacher has no code digest, and its store keeps the key it had before there was one."""
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k != "views" and not (k == "teacher_code" and not v)}
 
     @property
     def key(self):
-        """Everything but the number of views: view v is the same pixels whatever the count, so a store of V
-        views serves any run of up to V views, and a run wanting more adds views to it."""
-        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "views"}
-        return hashlib.sha256(dumps(fields).encode()).hexdigest()[:16]
+        return hashlib.sha256(dumps(self._keyed()).encode()).hexdigest()[:16]
 
     @property
     def dense(self):
@@ -119,9 +125,10 @@ class StoreSpec:
                  "views": "the number of views changed", "classes": "the number of classes changed",
                  "top_k": "distill.store.top_k changed", "augment": "the augmentation of the views changed",
                  "precision": "the teacher's precision changed", "cosine_layer": "the cosine layer changed",
-                 "cosine_width": "the cosine width changed", "rows_per_chunk": "the chunk size changed"}
-        for name, value in dataclasses.asdict(self).items():
-            if name != "views" and old.get(name) != value:
+                 "cosine_width": "the cosine width changed", "rows_per_chunk": "the chunk size changed",
+                 "teacher_code": "the teacher's code changed"}
+        for name, value in self._keyed().items():
+            if old.get(name) != value:
                 return words.get(name, f"{name} changed")
         return "it is not a store of this format"
 
@@ -482,7 +489,7 @@ def why_not_stored(d):
     return ""
 
 
-def plan_store(folder, env, d, teacher_sha256, teacher_model, teacher, train_set, classes, precision):
+def plan_store(folder, env, d, teacher_sha256, teacher_model, teacher, train_set, classes, precision, teacher_code=""):
     """(store, plan) when the teacher's outputs are stored, else (None, why not). Checked before anything is
     written: a store that would not fit on the disk is refused here, with the numbers."""
     why = why_not_stored(d)
@@ -494,7 +501,8 @@ def plan_store(folder, env, d, teacher_sha256, teacher_model, teacher, train_set
         samples=len(train_set), views=a.views, classes=classes, top_k=default_top_k(classes, d.store.top_k),
         augment={"kind": a.kind, "flip": a.flip, "padding": a.padding, "scale": list(a.scale),
                  "view_seed": a.view_seed, "mix": a.mix, "mix_alpha": a.mix_alpha},
-        precision=precision.name, cosine_layer=teacher.cosine_layer or "", cosine_width=teacher.cosine_width or 0)
+        precision=precision.name, cosine_layer=teacher.cosine_layer or "", cosine_width=teacher.cosine_width or 0,
+        teacher_code=teacher_code)
     store = TeacherOutputStore(folder, spec)
     plan = store.prepare(env)
     dist.on_main(env, store.check_disk, plan["missing"])

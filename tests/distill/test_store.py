@@ -54,6 +54,16 @@ def test_the_key_ignores_the_number_of_views_and_names_what_changed():
     assert spec().difference({**vars(spec()), "teacher_sha256": "c"}) == "the teacher changed"
 
 
+def test_the_teachers_code_is_in_the_key_and_a_teacher_without_code_keeps_its_key():
+    """The same weights under edited model code give other outputs: a user's teacher (`<module>:<function>`) keys
+    its store by its source file's digest too; a registry teacher has none, and its key is the one it had before
+    the digest was part of the spec (stores already built stay reused)."""
+    assert spec(teacher_code="1" * 64).key != spec(teacher_code="2" * 64).key != spec().key
+    assert spec(teacher_code="2" * 64).difference(vars(spec(teacher_code="1" * 64))) == "the teacher's code changed"
+    without = {k: v for k, v in vars(spec()).items() if k not in ("views", "teacher_code")}
+    assert spec().key == hashlib.sha256(json.dumps(without).encode()).hexdigest()[:16]
+
+
 @pytest.fixture(scope="module")
 def digits():
     cfg = load_config(None, ["data.name=digits", "data.augment=pad_crop", "data.limit=250"])

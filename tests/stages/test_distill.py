@@ -290,3 +290,30 @@ def test_a_student_no_better_than_chance_is_named_with_what_to_change(tmp_path, 
     assert "the teacher scores" not in result.stderr
     assert "distill: the distilled student scores" in result.stderr
     assert "train it longer (distill.epochs) or more gently (a lower distill.lr)" in result.stderr
+
+
+def test_a_users_teacher_whose_code_changed_under_the_same_weights_rebuilds_the_store(tiny_config, tmp_path):
+    """A teacher of the user's code, given as a weights file and not trained (teacher.epochs: 0): editing its code
+    leaves the weights file - and the teacher stage's output - byte for byte the same, yet the teacher answers
+    differently, so the stored outputs of the old code are not reused."""
+    from safetensors.torch import save_file
+
+    code = tmp_path / "my_teacher.py"
+    source = ("import torch.nn as nn\n\nSCALE = {}\n\nclass Net(nn.Module):\n    def __init__(self, n):\n"
+              "        super().__init__()\n        self.fc = nn.Linear(64, n)\n\n    def forward(self, x):\n"
+              "        return self.fc(x.flatten(1)) * SCALE\n\ndef net(num_classes):\n    return Net(num_classes)\n")
+    code.write_text(source.format("1.0"))
+    torch.manual_seed(0)
+    save_file({"fc.weight": torch.randn(10, 64) * 0.1, "fc.bias": torch.zeros(10)}, str(tmp_path / "t.safetensors"))
+    args = ["run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher,distill", "--set",
+            "model.teacher=my_teacher:net", "--set", f"model.teacher_weights={tmp_path / 't.safetensors'}",
+            "--set", "teacher.epochs=0", "--set", "data.limit=200", "--set", "distill.epochs=1", "--set",
+            "distill.hint.weight=0", "--set", "distill.baseline=false"]
+    first = compress_subprocess(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    code.write_text(source.format("50.0"))
+    second = compress_subprocess(*args, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "distill: running again: the code of model.teacher changed" in second.stderr, second.stderr[-2000:]
+    assert "the teacher's code changed" in second.stderr and "reusing the store" not in second.stderr, \
+        second.stderr[-2000:]
