@@ -21,7 +21,7 @@ from compress.fileio import atomic_write_json, sha256_file
 from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained, weights_of
 from compress.run.config import result_hash
-from compress.run.contract import Code, File, Images, Input, StageResult
+from compress.run.contract import IMAGE_BYTES_DIGEST, Code, File, Images, Input, StageResult
 from compress.run.report import evaluated_in, file_size
 from compress.training import distributed as dist
 from compress.training.checkpoint import load_weights, save_weights
@@ -152,8 +152,8 @@ def baseline_made_with(ctx, data, labelled, precision):
     its config, its initial weights file, the labelled and validation images, the precision and memory layout,
     the processes and threads (CPU results are bit-identical only at the same thread count)."""
     student_inputs = {k: v for k, v in ctx.state.inputs.items()  # not the teacher, nor the unlabelled images
-                      if not k.startswith("teacher/") and k not in (Images("unlabeled").input_key,
-                                                                    Code("model.teacher").input_key)}
+                      if not k.startswith(("teacher/", IMAGE_BYTES_DIGEST))  # (bytes: the fingerprints below)
+                      and k not in (Images("unlabeled").input_key, Code("model.teacher").input_key)}
     return {"config": result_hash(ctx.cfg, BASELINE_KEYS, images_followed=False), "weights": student_inputs,
             "images": labelled.fingerprint(), "val": data.val.fingerprint(),
             "precision": [precision.name, precision.layout], "world": ctx.env.world,

@@ -11,13 +11,13 @@ from collections import Counter
 import torch
 
 from compress.data.builtin import _split, augment_of
-from compress.data.imageset import UNLABELLED, FileImages, ImageSet
+from compress.data.imageset import FINGERPRINT_BYTES, UNLABELLED, FileImages, ImageSet
 from compress.data.pixels import unreadable_sentence
 from compress.data.registry import input_shape_of
 from compress.deploy import imageio
 from compress.deploy.folders import SPLIT_FOLDERS, class_folders, skipped, split_folders, split_name
 from compress.errors import InputError
-from compress.fileio import is_utf8_name, open_regular, walk_tree
+from compress.fileio import is_utf8_name, open_regular, sha256_file, walk_tree
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +187,31 @@ def _listing_digest(cfg, key):
                 raise InputError(f"image '{path}' not found (a broken link?); fix or remove it") from None
             # a file name that is not UTF-8 (its bytes kept as surrogates) hashes as its bytes on disk
             h.update(f"\n{path[start:]}\0{size}\0{label}".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def bytes_digest(cfg, key):
+    """A digest of the bytes of the images data.<key> lists, in the listing's order: every file's while they
+    come to FINGERPRINT_BYTES in all, beyond that an even sample (as the pixel cache's key), so an image edited
+    in place at the same size (an uncompressed format keeps every image of a size at one file size) changes it
+    where the listing cannot; the same folder copied elsewhere does not."""
+    if key == "root" and cfg.name != "imagefolder":
+        return ""
+    what = _root_key(cfg) if key == "root" else (os.path.abspath(os.path.expanduser(cfg.unlabeled)),)
+    return _once(("bytes", key) + what, lambda: _bytes_digest(cfg, key))
+
+
+def _bytes_digest(cfg, key):
+    if key == "root":
+        found = scan(cfg)
+        paths = [path for split in ("train", "val") for path, _ in found[split]]
+    else:
+        paths = unlabeled_files(cfg)
+    sizes = [os.path.getsize(path) for path in paths]  # each listed (and sized) just before, by listing_digest
+    step = max(1, -(-sum(sizes) // FINGERPRINT_BYTES))
+    h = hashlib.sha256(f"{len(paths)}:{step}".encode())
+    for path in paths[::step]:
+        h.update(bytes.fromhex(sha256_file(path, follow_links=True, what="image")))
     return h.hexdigest()
 
 

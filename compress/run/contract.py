@@ -64,6 +64,12 @@ class Images(NamedTuple):
     def input_key(self):
         return f"{IMAGES_DIGEST} data.{self.key}"
 
+    @property
+    def bytes_key(self):
+        """The digest of their bytes (`compress.data.imagefolder.bytes_digest`): an image edited in place, its
+        size unchanged, runs the stage again too."""
+        return f"{IMAGE_BYTES_DIGEST} data.{self.key}"
+
 
 class Code(NamedTuple):
     """The source file of a user's model (`model.teacher` / `model.student` given as `<module>:<function>`): its
@@ -78,8 +84,9 @@ class Code(NamedTuple):
 
 LEFT_OUT = "-"  # CONFIG_KEYS: '-data.unlabeled' = every key of `data` but `unlabeled`
 IMAGES_DIGEST = f"{EXTERNAL}images in"  # input keys of Images (a listing's digest, not a file of its own)
+IMAGE_BYTES_DIGEST = f"{EXTERNAL}image bytes in"  # the bytes of those images (all up to 256 MB, a sample beyond)
 CODE_DIGEST = f"{EXTERNAL}code of"  # input keys of Code (a model's source file)
-DIGESTS = (IMAGES_DIGEST, CODE_DIGEST)  # inputs that are not files of their own
+DIGESTS = (IMAGES_DIGEST, IMAGE_BYTES_DIGEST, CODE_DIGEST)  # inputs that are not files of their own
 
 
 @dataclass

@@ -17,7 +17,16 @@ from typing import Optional
 from compress.errors import CompressError, InputError
 from compress.fileio import sha256_file
 from compress.run.config import ConfigView, as_it_counts, config_slice, result_hash, section_hash
-from compress.run.contract import CODE_DIGEST, DIGESTS, EXTERNAL, IMAGES_DIGEST, Code, File, Images
+from compress.run.contract import (
+    CODE_DIGEST,
+    DIGESTS,
+    EXTERNAL,
+    IMAGE_BYTES_DIGEST,
+    IMAGES_DIGEST,
+    Code,
+    File,
+    Images,
+)
 
 log = logging.getLogger(__name__)
 
@@ -225,9 +234,9 @@ def _inputs(run, cfg, spec, entries, states, stages, planning=False):
                 inputs[item.input_key] = _external_sha256(item)
             continue
         if isinstance(item, (Images, Code)):  # what data.root lists (images added, moved, renamed); a model's code
-            digest = _digest(cfg, item)
-            if digest:
-                inputs[item.input_key] = digest
+            for key, digest in _digests(cfg, item):
+                if digest:
+                    inputs[key] = digest
             continue
         rel, present = _upstream_output(run, entries, stages, item)
         entry = entries.get(item.stage) or {}
@@ -247,15 +256,17 @@ def _inputs(run, cfg, spec, entries, states, stages, planning=False):
     return inputs, sources
 
 
-def _digest(cfg, item):
-    """The digest that stands for an Images or Code input ('' when there is nothing of the user's to follow)."""
+def _digests(cfg, item):
+    """[(input key, digest)] that stand for an Images input (its listing, then its bytes) or a Code input (''
+    where there is nothing of the user's to follow)."""
     if isinstance(item, Images):
-        from compress.data.imagefolder import listing_digest  # only here: it scans the folder
+        from compress.data.imagefolder import bytes_digest, listing_digest  # only here: they scan the folder
 
-        return listing_digest(cfg.data, item.key)
+        listing = listing_digest(cfg.data, item.key)
+        return [(item.input_key, listing), (item.bytes_key, listing and bytes_digest(cfg.data, item.key))]
     from compress.models.sources import code_digest
 
-    return code_digest(getattr(cfg.model, item.key.split(".")[1]))
+    return [(item.input_key, code_digest(getattr(cfg.model, item.key.split(".")[1])))]
 
 
 def _modified_inputs(run, inputs):
@@ -337,6 +348,8 @@ def _changes(run, entry, decision):
         if entry.get("inputs", {}).get(rel) != sha:
             if rel.startswith(IMAGES_DIGEST):
                 return f"the {rel.removeprefix(EXTERNAL)} changed (images added, removed, renamed, moved or replaced)"
+            if rel.startswith(IMAGE_BYTES_DIGEST):
+                return f"the {rel.removeprefix(EXTERNAL)} changed (an image edited in place)"
             if rel.startswith(CODE_DIGEST):
                 return f"the {rel.removeprefix(EXTERNAL)} changed"
             return f"its input {rel.removeprefix(EXTERNAL)} changed"

@@ -164,14 +164,22 @@ def test_the_images_are_an_input_and_a_stage_recorded_without_them_is_not_rerun_
             Image.new("RGB", (4, 4), (i, 0, 0)).save(tmp_path / "img" / cls / f"{i}.png")
     c = cfg("data.name=imagefolder", f"data.root={tmp_path / 'img'}")
     state = decide(run, c, STAGES["teacher"], False, STAGES, 1)
-    assert list(state.inputs) == ["external:images in data.root"]
+    assert list(state.inputs) == ["external:images in data.root", "external:image bytes in data.root"]
     complete(run, "teacher", c, [TEACHER], inputs=state.inputs)
     assert decide(run, c, STAGES["teacher"], False, STAGES, 1).action == "skip"
+    edited = tmp_path / "img" / "cat" / "2.png"
+    size = edited.stat().st_size
+    Image.new("RGB", (4, 4), (7, 0, 0)).save(edited)  # edited in place: another image, the same file size
+    assert edited.stat().st_size == size
+    assert decide(run, c, STAGES["teacher"], False, STAGES, 1).reason == (
+        "the image bytes in data.root changed (an image edited in place)")
     os.rename(tmp_path / "img" / "dog" / "4.png", tmp_path / "img" / "cat" / "9.png")  # moved to another class
     assert decide(run, c, STAGES["teacher"], False, STAGES, 1).reason == (
         "the images in data.root changed (images added, removed, renamed, moved or replaced)")
-    complete(run, "teacher", c, [TEACHER], inputs={})  # as a version before this one recorded it
-    assert decide(run, c, STAGES["teacher"], False, STAGES, 1).action == "skip"
+    listing = decide(run, c, STAGES["teacher"], False, STAGES, 1).inputs["external:images in data.root"]
+    for recorded in ({}, {"external:images in data.root": listing}):  # as versions before this one recorded it
+        complete(run, "teacher", c, [TEACHER], inputs=recorded)
+        assert decide(run, c, STAGES["teacher"], False, STAGES, 1).action == "skip"
 
 
 def test_editing_the_code_of_your_model_runs_its_stages_again(run, tmp_path, monkeypatch):
