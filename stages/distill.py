@@ -8,6 +8,7 @@ The student sees fixed augmented views of each image (one per epoch by default);
 exactly those pixels come from the teacher-output store (`compress.distill.store`), built once and reused."""
 
 import logging
+import shlex
 
 import torch
 
@@ -115,7 +116,7 @@ def run(ctx):
                      labelled, len(train_set) - len(labelled))
     if baseline:  # is the gain beyond noise on these images? the exact McNemar test, as export does for QAT vs PTQ
         result.metrics.update(_paired_students(ctx, data, val, precision, student.student))
-        better = report.alone_better(result.metrics)
+        better = report.alone_better(result.metrics, f"compress run --run-dir {shlex.quote(str(ctx.run.root))}")
         if env.is_main and better:
             log.warning("distill: %s", better)
     result.metrics["peak_rss_mb"] = dist.peak_rss_mb(env)  # per process: the store is memory-mapped, not copied
@@ -232,7 +233,11 @@ def report_rows(entry, path):
     return rows
 
 
-def report_notes(entry):
+def report_notes(entry, manifest=None, refresh="compress run"):
+    """What distilling gained, and - when the student alone is the better one - whether it is the one shipped
+    (qat.source: baseline in the qat stage that ran) or the command that ships it."""
     m = entry["metrics"]
     loss = LOGIT_LOSSES.get(m.get("kd_method"))
-    return report.gain_notes(m, loss.label if loss else "distillation")
+    qat = ((manifest or {}).get("stages") or {}).get("qat") or {}
+    shipped = qat.get("status") == "complete" and ((qat.get("config") or {}).get("qat") or {}).get("source")
+    return report.gain_notes(m, loss.label if loss else "distillation", refresh, alone_shipped=shipped == "baseline")

@@ -211,6 +211,7 @@ def _teacher_latency(ctx, data, e, runtime):
 
 
 ROW_NAMES = {"fp32": "fp32 ONNX", "int8": "int8 ONNX", "ptq": "int8 ONNX, post-training quantized, no QAT"}
+OF_SOURCE = {"baseline": "the student trained alone's", "teacher": "the teacher's"}  # qat.source, but the default
 
 
 def report_rows(entry, path):
@@ -220,11 +221,13 @@ def report_rows(entry, path):
     export = export_report.read(run)
     shipped = export_report.deployment_file(run, export.verdict.file, "verdict.file")
     runtime, rows = label(export.speed.runtime), []
+    source = OF_SOURCE.get((entry.get("config") or {}).get("qat.source"))  # (a key of a section it reads part of)
     for kind in ("fp32", "int8", "ptq"):
         if kind not in export.latency_ms:
             continue
         b1, b64 = _latency_pair(export.latency_ms[kind])
-        rows.append({"id": f"{kind}_onnx", "artifact": f"{ROW_NAMES[kind]} ({runtime})", "file": OUTPUTS[kind],
+        name = f"{source} {ROW_NAMES[kind]}" if source else ROW_NAMES[kind]
+        rows.append({"id": f"{kind}_onnx", "artifact": f"{name} ({runtime})", "file": OUTPUTS[kind],
                      "params": entry["metrics"].get("params"), "size_bytes": export.size_bytes[kind],
                      "val_acc": _accuracy(export, kind), "latency_b1_ms": b1, "latency_b64_ms": b64,
                      "ship": os.path.basename(shipped) == export.files.get(kind), "record": OUTPUTS["report"]})
@@ -235,7 +238,7 @@ def report_rows(entry, path):
     return rows
 
 
-def report_notes(entry):
+def report_notes(entry, manifest=None, refresh="compress run"):
     """The verdict, how it was timed, what QAT bought over post-training quantization, int8 vs fp32 in every
     runtime, and a busy machine."""
     return verdict.report_notes(entry["metrics"])

@@ -42,7 +42,7 @@ def epoch_passing(history, accuracy):
     return passing
 
 
-def gain_notes(m, method):
+def gain_notes(m, method, refresh="compress run", alone_shipped=False):
     """The report's sentences on what distilling gained, from the distill stage's metrics `m` ([] without a
     student alone); `method` is the logit loss's label."""
     if "baseline_val_acc" not in m:
@@ -62,20 +62,29 @@ def gain_notes(m, method):
     return [f"Distillation ({method}) gained {m['gain_points']:+.2f} points: the distilled student reaches "
             f"{m['val_acc']:.2f}%, the same student trained alone ({same}) {m['baseline_val_acc']:.2f}%; the teacher "
             f"{m['teacher_val_acc']:.2f}%.{_noise(m)}{'' if m.get('unlabelled_images') else _time_gain(m)}{extra}"
-            + (f" The student trained alone is the better one: {SHIP_ALONE}." if _alone_wins(m) else "")]
+            + (_alone_wins_note(refresh, alone_shipped) if _alone_wins(m) else "")]
 
 
-SHIP_ALONE = "to quantize and ship it instead, compress run --stages qat,export --set qat.source=baseline"
+def _alone_wins_note(refresh, shipped):
+    if shipped:
+        return " The student trained alone is the better one, and it is the one quantized and shipped (qat.source)."
+    return f" The student trained alone is the better one: {ship_alone(refresh)}."
 
 
-def alone_better(m):
+def ship_alone(refresh):
+    """The advice that quantizes and ships the student trained alone; `refresh` names the run
+    (`compress run --run-dir DIR`) so the command works pasted as it is."""
+    return f"to quantize and ship it instead, {refresh} --stages qat,export --set qat.source=baseline"
+
+
+def alone_better(m, refresh="compress run"):
     """One sentence when the student trained alone beats the distilled one beyond noise on the validation images
     ('' otherwise): QAT and export then start from the weaker student unless told otherwise."""
     if not _alone_wins(m):
         return ""
     return (f"the student trained alone ({m['baseline_val_acc']:.2f}%) is better than the distilled one "
-            f"({m['val_acc']:.2f}%) beyond noise on these images (McNemar p {p_text(m['gain_p'])}); {SHIP_ALONE} (a "
-            "stronger teacher is what would make distilling pay)")
+            f"({m['val_acc']:.2f}%) beyond noise on these images (McNemar p {p_text(m['gain_p'])}); "
+            f"{ship_alone(refresh)} (a stronger teacher is what would make distilling pay)")
 
 
 def _alone_wins(m):

@@ -73,7 +73,7 @@ def build_rows(run, stages):
                          f"file's, and the rows are marked; `{refresh} --stages {name} --force` writes it again")
         elif hasattr(spec, "report_notes"):
             try:
-                notes.extend(spec.report_notes(entry))
+                notes.extend(spec.report_notes(entry, manifest, refresh))
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as e:  # a hand-edited figure
                 notes.append(f"{name}: its notes are left out - a figure in manifest.json is damaged "
                              f"({e.__class__.__name__}); `{refresh} --stages {name} --force` writes it again")

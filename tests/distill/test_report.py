@@ -33,6 +33,13 @@ def test_the_report_says_how_to_ship_the_student_alone_when_it_is_better_beyond_
                                "noise on these images (McNemar p = 0.008); to quantize and ship it instead, compress "
                                "run --stages qat,export --set qat.source=baseline (a stronger teacher is what would "
                                "make distilling pay)")
+    # in the run's report the command names the run, and once the qat stage quantized the student alone, it says so
+    note = report_notes({"metrics": m}, {"stages": {}}, "compress run --run-dir artifacts/mine")[0]
+    assert note.endswith("compress run --run-dir artifacts/mine --stages qat,export --set qat.source=baseline.")
+    qat = {"status": "complete", "config": {"qat": {"source": "baseline"}}}
+    note = report_notes({"metrics": m}, {"stages": {"qat": qat}}, "compress run --run-dir artifacts/mine")[0]
+    assert note.endswith("The student trained alone is the better one, and it is the one quantized and shipped "
+                         "(qat.source).") and "--set qat.source" not in note
     for quiet in ({"gain_p": 0.2}, {"gain_points": 0.5, "gain_p": 0.01}):  # within noise, or distilling won
         assert "qat.source=baseline" not in report_notes({"metrics": {**m, **quiet}})[0]
     assert alone_better({k: v for k, v in m.items() if k != "gain_p"}) == ""  # a run from before McNemar

@@ -106,6 +106,8 @@ def test_qat_source_baseline_quantizes_and_ships_the_student_trained_alone(run_c
     assert metadata_of(onnx.load(run_copy / "export" / "model.fp32.onnx"))["source_sha256"] == alone
     manifest = json.loads((run_copy / "manifest.json").read_text())["stages"]
     assert manifest["qat"]["inputs"].get("distill/baseline.safetensors") == alone
+    report = (run_copy / "report.md").read_text()  # the shipped files say whose they are
+    assert "| the student trained alone's int8 ONNX (onnxruntime)" in report, report
     again = invoke("run", "--run-dir", run_copy, "--stages", "qat,export", "--set", "qat.source=baseline")
     assert again.exit_code == 0
     assert "qat: up to date, skipped" in again.stderr and "export: up to date, skipped" in again.stderr
