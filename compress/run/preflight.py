@@ -149,8 +149,9 @@ def _model_problems(cfg, stage_names):
             fx.prepare(built[quantized], torch.zeros(2, *shape), cfg.qat.backend, cfg.qat.activation_range,
                           cfg.qat.per_channel)
         except InputError as e:
-            found.append(f"{quantized}: {e}; QAT needs a model torch.fx can trace (choose another model, or "
-                         "leave qat out of --stages)")
+            found.append(f"{quantized}: {e}; QAT and export need a model torch.fx can trace: take the data-dependent "
+                         "branch out of forward (or torch.fx.wrap the function that holds it), or choose another "
+                         "model (--stages teacher,distill trains it in float without them)")
     return found
 
 

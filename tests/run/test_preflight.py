@@ -187,6 +187,7 @@ def test_a_model_torch_fx_cannot_trace_fails_before_any_training(tmp_path, monke
                     "model.student=dynamic:build")
     assert result.exit_code == 2
     assert "model.student: Branchy cannot be prepared for QAT by torch.fx" in result.stderr
+    assert "--stages teacher,distill trains it in float" in result.stderr  # not "leave qat out": export needs it
     assert not (tmp_path / "run").exists()
 
 
