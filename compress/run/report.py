@@ -157,14 +157,16 @@ def _still_current(rel, entry, manifest, states):
 
 def markdown_table(rows):
     big = latency_batch(rows)
-    lines = [f"| artifact | params | size | val acc | latency b1 | latency {f'b{big}' if big else 'largest batch'} |",
-             "|---|---:|---:|---:|---:|---:|"]
+    second = big != 1  # batch 1 alone timed (export.latency_batch_sizes: [1]): one latency column, not two alike
+    lines = ["| artifact | params | size | val acc | latency b1 |"
+             + (f" latency {f'b{big}' if big else 'largest batch'} |" if second else ""),
+             "|---|---:|---:|---:|---:|" + ("---:|" if second else "")]
     for r in rows:
         name = r["artifact"] + ("" if r.get("current", True) else " *(stale)*") + (" **- deploy**" if r.get("ship")
                                                                                     else "")
         lines.append(f"| {name} | {_fmt_int(r['params'])} | {_fmt_size(r['size_bytes'])} | "
-                     f"{_fmt(r['val_acc'], '{:.2f}%')} | {_fmt(r['latency_b1_ms'], '{:.3f} ms')} | "
-                     f"{_fmt(r['latency_b64_ms'], '{:.2f} ms')} |")
+                     f"{_fmt(r['val_acc'], '{:.2f}%')} | {_fmt(r['latency_b1_ms'], '{:.3f} ms')} |"
+                     + (f" {_fmt(r['latency_b64_ms'], '{:.2f} ms')} |" if second else ""))
     return "\n".join(lines)
 
 
@@ -172,11 +174,14 @@ def text_table(rows):
     """The rows as aligned text lines for a terminal (`compress show`): artifact, accuracy, size, latencies."""
     width = max([len(r["artifact"]) + (9 if r.get("ship") else 0) for r in rows] + [8])
     big = latency_batch(rows)
-    lines = [f"{'artifact':{width}}  {'val acc':>8} {'size':>9} {'b1':>10} {f'b{big}' if big else 'b largest':>10}"]
+    second = big != 1  # as in markdown_table
+    lines = [f"{'artifact':{width}}  {'val acc':>8} {'size':>9} {'b1':>10}"
+             + (f" {f'b{big}' if big else 'b largest':>10}" if second else "")]
     for r in rows:
         name = r["artifact"] + (" - deploy" if r.get("ship") else "") + ("" if r.get("current", True) else " (stale)")
         lines.append(f"{name:{width}}  {_fmt(r['val_acc'], '{:.2f}%'):>8} {_fmt_size(r['size_bytes']):>9} "
-                     f"{_fmt(r['latency_b1_ms'], '{:.3f} ms'):>10} {_fmt(r['latency_b64_ms'], '{:.2f} ms'):>10}")
+                     f"{_fmt(r['latency_b1_ms'], '{:.3f} ms'):>10}"
+                     + (f" {_fmt(r['latency_b64_ms'], '{:.2f} ms'):>10}" if second else ""))
     return lines
 
 

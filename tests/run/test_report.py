@@ -107,6 +107,17 @@ def test_the_latency_columns_are_labelled_with_the_batch_sizes_timed(finished_ru
         plt.close(fig)
 
 
+def test_batch_1_alone_timed_gives_one_latency_column_not_two_alike():
+    from compress.run.report import markdown_table, text_table
+
+    rows = [{"artifact": "int8 ONNX (onnxruntime)", "params": 10, "size_bytes": 2000, "val_acc": 90.0,
+             "latency_b1_ms": 0.1234, "latency_b64_ms": 0.1234, "latency_batch": 1}]
+    table = markdown_table(rows).splitlines()
+    assert table[0] == "| artifact | params | size | val acc | latency b1 |" and table[1].count("|") == 6
+    assert table[2].endswith("| 0.123 ms |") and "0.12 ms" not in table[2]
+    assert text_table(rows)[0].split()[-1] == "b1" and "0.12 ms" not in text_table(rows)[1]
+
+
 
 @pytest.mark.parametrize("val_acc", [10**400, 1e308])
 def test_a_figure_that_is_no_plausible_number_is_shown_as_not_available(run_copy, val_acc):
