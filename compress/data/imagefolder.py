@@ -77,6 +77,7 @@ def _scan(cfg):
             train = [train[i] for i in sorted(keep.tolist())]
         layout = f"{os.path.basename(train_dir)}/ and {held_out}/ folders, used as given"
         notes += _unused_splits(root, train_dir, held_out)
+        given = (os.path.basename(train_dir), held_out)
     else:
         tree = train_dir if os.path.isdir(train_dir) else root
         parent = os.path.dirname(os.path.normpath(root))
@@ -93,7 +94,8 @@ def _scan(cfg):
         where = (f"{os.path.basename(train_dir)}/ only (no val/ or test/ beside it)" if tree == train_dir
                  else "one folder per class")
         layout = f"{where}: {cfg.val_fraction:.0%} held out for validation by data.split_seed"
-    notes += _balance(names, train, val) + _turned(train + val)
+        given = None
+    notes += _balance(names, train, val, given) + _turned(train + val)
     if others:
         kinds = ", ".join(f"{n:,} {suffix}" for suffix, n in others.most_common(5))
         notes.append(f"skipped {sum(others.values()):,} file(s) in the class folders that are not images compress "
@@ -132,17 +134,21 @@ def _turned(items):
             "files first (e.g. mogrify -auto-orient)"]
 
 
-def _balance(names, train, val):
+def _balance(names, train, val, given=None):
     """Warnings a user needs before training on these splits: a class with no training or no validation image,
-    classes of very different sizes, and a validation split too small to tell models apart."""
+    classes of very different sizes, and a validation split too small to tell models apart. `given`: the
+    (training, validation) folders when the splits are used as given, where data.val_fraction does nothing."""
     notes = []
+    more = {"training": f"add images to {given[0]}/", "validation": f"add images to {given[1]}/"} if given else {
+        "training": "add images (or change data.val_fraction / data.split_seed)",
+        "validation": "add images (or change data.val_fraction / data.split_seed)"}
     for split, items, what in (("training", train, "the model cannot learn it"),
                                ("validation", val, "its accuracy is not measured")):
         counts = Counter(label for _, label in items)
         missing = [names[i] for i in range(len(names)) if not counts[i]]
         if missing:
             notes.append(f"no {split} image of class {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}: "
-                         f"{what}; add images (or change data.val_fraction / data.split_seed)")
+                         f"{what}; {more[split]}")
     counts = Counter(label for _, label in train + val)
     big, small = max(counts, key=counts.get), min(counts, key=counts.get)
     if counts[big] >= 10 * counts[small]:
@@ -152,7 +158,8 @@ def _balance(names, train, val):
                      "accuracies against that")
     if len(val) < 100:
         notes.append(f"only {len(val)} validation image(s): each one is {100 / len(val):.1f} points of accuracy, so "
-                     "small differences between models are noise; add images or raise data.val_fraction")
+                     "small differences between models are noise; "
+                     + (f"add images to {given[1]}/" if given else "add images or raise data.val_fraction"))
     return notes
 
 

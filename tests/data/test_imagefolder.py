@@ -503,3 +503,17 @@ def test_a_held_out_folder_left_unused_beside_the_one_validated_on_is_named(tmp_
     assert "train/ and valid/ folders, used as given" in result.output
     assert ("data: validation uses valid/; test/ beside it is not used (compress validates on the first of val/, "
             "valid/, validation/, test/ there is)" in result.output)
+
+
+def test_advice_for_a_small_or_missing_split_fits_how_the_splits_were_made(tmp_path):
+    """Splits used as given (train/ and val/): more images go into val/ - data.val_fraction does nothing there;
+    one folder split by the seed: data.val_fraction is the setting."""
+    from compress.data.imagefolder import scan
+
+    image_tree(tmp_path / "given", count=3)
+    notes = " ".join(scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'given'}"))["notes"])
+    assert "each one is 16.7 points of accuracy, so small differences between models are noise; add images to " \
+           "val/" in notes and "val_fraction" not in notes
+    image_tree(tmp_path / "one", splits=("",), count=5)
+    notes = " ".join(scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'one'}"))["notes"])
+    assert "add images or raise data.val_fraction" in notes
