@@ -53,3 +53,10 @@ class MirroredError(CompressError):
     def __init__(self, message, exit_code):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def is_peer_loss(e):
+    """Whether an error is a worker's lost contact with another (a peer killed, its node gone): torch.distributed's
+    own errors, and the gloo/NCCL transport's words. Nothing about the run is wrong; the stage was cut off."""
+    return type(e).__module__.startswith("torch.distributed") or any(
+        marker in str(e) for marker in ("gloo", "NCCL", "Connection reset", "Connection closed by peer"))

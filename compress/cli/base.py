@@ -9,7 +9,7 @@ import traceback
 import click
 
 from compress import __version__
-from compress.errors import EXIT_INTERRUPTED, CompressError, Interrupted
+from compress.errors import EXIT_INTERRUPTED, CompressError, Interrupted, is_peer_loss
 from compress.fileio import SafeFormatter, safe_text, write_problem
 
 log = logging.getLogger("compress")
@@ -103,7 +103,7 @@ class CompressGroup(click.Group):
             if isinstance(e, OSError) and write_problem(e):  # a write compress does not make itself (a library's)
                 echo(f"error: {write_problem(e)}", err=True)
                 ctx.exit(2)
-            if "RANK" in os.environ and _is_peer_loss(e):
+            if "RANK" in os.environ and is_peer_loss(e):
                 echo(f"error [rank {os.environ['RANK']}]: lost contact with another worker ({first[:160]}); "
                      "with --max-restarts N torchrun restarts the group, which resumes from the last checkpoint",
                      err=True)
@@ -130,12 +130,6 @@ def echo(text="", **kwargs):
     except OSError as e:  # not a file of the run directory's: name standard output, not a --run-dir
         raise CompressError(f"cannot write to standard output ({e.strerror or e.__class__.__name__}); send it where it "
                             "can be written - another file or disk, or > /dev/null to discard it") from None
-
-
-def _is_peer_loss(e):
-    text = str(e)
-    return type(e).__module__.startswith("torch.distributed") or any(
-        marker in text for marker in ("gloo", "NCCL", "Connection reset", "Connection closed by peer"))
 
 
 @click.group(cls=CompressGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -15,7 +15,7 @@ import time
 import yaml
 
 from compress.data.imagefolder import listed_once
-from compress.errors import CompressError, InputError, Interrupted, StageFailed
+from compress.errors import CompressError, InputError, Interrupted, StageFailed, is_peer_loss
 from compress.fileio import SafeFormatter, open_append, sha256_file
 from compress.run import preflight, schema
 from compress.run.config import ConfigView, load_config, read_yaml
@@ -308,7 +308,9 @@ def _run_stage(run, cfg, env, spec, stage_state, writer):
             result = spec.run(ctx)
     except BaseException as e:
         if env.is_main and state.begun:
-            status = "interrupted" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "failed"
+            # a worker that lost its peers (one killed, a node gone) was cut off, not refused: resuming is the remedy
+            cut_off = isinstance(e, (Interrupted, KeyboardInterrupt)) or (env.distributed and is_peer_loss(e))
+            status = "interrupted" if cut_off else "failed"
             message = str(e) if isinstance(e, CompressError) else f"{e.__class__.__name__}: {e}"
             try:
                 run.update_stage(name, status=status, finished=now(), message=message, seconds=state.seconds())
