@@ -11,6 +11,7 @@ refused naming the tensor; a path that is not a regular file (a device, a pipe, 
 opened.
 """
 
+import logging
 import os
 import re
 import stat
@@ -20,6 +21,8 @@ from torch import nn
 
 from compress.errors import InputError
 from compress.fileio import open_regular, sha256_file
+
+log = logging.getLogger(__name__)
 
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "weights")
 
@@ -77,10 +80,10 @@ def _cache_damage(path, key):
     import torch.hub
 
     folder = os.path.join(torch.hub.get_dir(), "checkpoints")
-    expected = name_hash(path)
-    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder) or not expected:
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder):
         return ""
-    if sha256_file(path, follow_links=True, what="weights file").startswith(expected):
+    expected = unpublished(path)
+    if not expected:
         return ""
     return (f"{key}: '{path}' in torch's weights cache is not the file torchvision publishes (its sha256 does not "
             f"begin with {expected} as its name says: a damaged or different file); delete it and rerun to download "
@@ -126,6 +129,8 @@ def _load_failure(e):
 
 NEW_HEAD = "trained from scratch"  # in load_pretrained's note when the file gave the model no head of its own
 AUX_HEADS = ("aux1", "aux2", "AuxLogits")  # torchvision googlenet / inception_v3 training-only heads
+# in load_pretrained's note for a file whose head is for another number of classes: its shape's first dimension
+_REPLACED_HEAD = re.compile(r"; its classifier head \S+ \((\d+)\b")
 
 
 def _is_state_dict(obj):
@@ -344,6 +349,22 @@ def load_pretrained(model, path, key):
     return note
 
 
+def untrained_head_problem(note, path, num_classes):
+    """For a teacher taken as given (teacher.epochs: 0) whose weights file gave it no head for the data's classes
+    (`note`: what load_pretrained returned): one sentence saying what head the file has - one for another number
+    of classes, or none - and that nothing would train the new one; '' when the file's head is the model's."""
+    if NEW_HEAD not in note:
+        return ""
+    found = _REPLACED_HEAD.search(note)
+    advice = "set teacher.epochs to 1 or more (or give weights whose head has these classes)"
+    if found:
+        return (f"teacher.epochs: 0 takes the teacher as given, but the classifier head in '{path}' is for "
+                f"{found.group(1)} classes and the data has {num_classes}: it needs a new head, and with "
+                f"teacher.epochs: 0 nothing would train it; {advice}")
+    return (f"teacher.epochs: 0 takes the teacher as given, but '{path}' has no classifier head for the data's "
+            f"{num_classes} classes, and with teacher.epochs: 0 nothing would train a new one; {advice}")
+
+
 # ---------------------------------------------------------------- torchvision weights by name
 
 PRETRAINED = "pretrained"  # the model's default torchvision weights (its builder's weights enum's DEFAULT)
@@ -411,6 +432,47 @@ def name_hash(path):
     return found.group(1) if found else None
 
 
+_NAME_CHECKED = {}  # file (_identity): whether its sha256 begins with the prefix its name carries
+_WARNED = set()  # files (_identity) weights_file has warned about: once per file, not at every look-up
+
+
+def _identity(path):
+    """The file at `path` as it is now: the same key until it is replaced or rewritten."""
+    st = os.stat(path)
+    return os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def unpublished(path, checked=None):
+    """The sha256 prefix the name of `path` carries when the file's sha256 does not begin with it - not the file
+    torchvision publishes under that name (damaged, or another one placed there) - else ''. Hashed once per file
+    per process (a weights file is up to hundreds of MB, and a run looks it up several times); `checked`: whether
+    it matches, known without hashing (torch has just checked a download)."""
+    expected = name_hash(path)
+    if not expected:
+        return ""
+    file = _identity(path)
+    if checked is not None:
+        _NAME_CHECKED[file] = checked
+    if file not in _NAME_CHECKED:
+        _NAME_CHECKED[file] = sha256_file(path, follow_links=True, what="weights file").startswith(expected)
+    return "" if _NAME_CHECKED[file] else expected
+
+
+def _warn_if_unpublished(path, key):
+    """A warning, not an error, for a file in torch's cache that is not the one torchvision publishes under its
+    name: torchvision checks the hash only when it downloads, and a file placed there on purpose (one's own
+    weights, a test's) is used as it is."""
+    try:
+        expected = unpublished(path)
+    except (InputError, OSError):  # unreadable, or gone since: the reader says so when the run loads it
+        return
+    if expected and _identity(path) not in _WARNED:
+        _WARNED.add(_identity(path))
+        log.warning("%s: '%s' in torch's weights cache is not the file torchvision publishes (its sha256 does not "
+                    "begin with %s as its name says), so it is loaded as it is; delete it and rerun to download the "
+                    "published weights, unless you placed it there on purpose", key, path, expected)
+
+
 def weights_file(value, model_name, key, download=False):
     """The file `model.*_weights` stands for: a path as given, or for a torchvision weights name the file in
     torchvision's cache - downloaded there when `download` and the network allow (and COMPRESS_OFFLINE is not
@@ -419,7 +481,10 @@ def weights_file(value, model_name, key, download=False):
         return os.path.expanduser(value)
     weights = torchvision_weights(value, model_name, key)
     path = cache_path(weights)
-    if os.path.isfile(path) or not download:
+    if os.path.isfile(path):
+        _warn_if_unpublished(path, key)
+        return path
+    if not download:
         return path
     offline = os.environ.get(OFFLINE_ENV, "0") not in ("", "0")
     if not offline:
@@ -429,6 +494,7 @@ def weights_file(value, model_name, key, download=False):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             # torch checks the sha256 against the prefix in the file name, as torchvision's own loading does
             torch.hub.download_url_to_file(weights.url, path, hash_prefix=name_hash(path), progress=False)
+            unpublished(path, checked=True)  # torch has just checked it: not hashed again
             return path
         except Exception as e:  # URLError, timeouts, HTTP errors: no network, or not this address
             why = f"the download failed ({e.__class__.__name__})"

@@ -41,8 +41,10 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
     from compress.errors import InputError
     from compress.models.weights import is_weights_name, path_problem, weights_file
 
-    for key in ("teacher_weights", "student_weights"):
+    for key, stage in WEIGHTS_READ_BY.items():
         value = getattr(cfg.model, key)
+        if stage not in stage_names:  # a skipped stage's weights are neither fetched nor needed
+            continue
         if value and is_weights_name(value):
             try:  # found in torch's cache, or downloaded into it where the network allows
                 weights_file(value, getattr(cfg.model, key.replace("_weights", "")), f"model.{key}",
@@ -94,19 +96,32 @@ def check(cfg, stage_names, world_size, source=None, run_root=None, download=Tru
     from compress.data.datasets import describe
 
     summary = describe(cfg.data, unlabeled="distill" in stage_names)
-    return {**summary, "weights": _not_fetched(cfg)}
+    return {**summary, "weights": _not_fetched(cfg, stage_names, source)}
 
 
-def _not_fetched(cfg):
-    """A note per torchvision weights name whose file is not in torch's cache (a dry run does not download)."""
-    from compress.models.weights import is_weights_name, weights_of
+WEIGHTS_READ_BY = {"teacher_weights": "teacher", "student_weights": "distill"}  # model.* key -> its stage
+
+
+def _not_fetched(cfg, stage_names, source=None):
+    """A note per torchvision weights name whose file is not in torch's cache (a dry run does not download); with
+    COMPRESS_OFFLINE set the run would refuse instead, and so does the dry run, in the run's words."""
+    from compress.errors import InputError
+    from compress.models.weights import OFFLINE_ENV, is_weights_name, weights_file, weights_of
 
     notes = []
-    for role in ("teacher", "student"):
-        value = getattr(cfg.model, f"{role}_weights")
-        if value and is_weights_name(value) and not os.path.isfile(path := weights_of(cfg.model, role)):
-            notes.append(f"model.{role}_weights: {value} is not in torch's cache yet; `compress run` downloads it to "
-                         f"{path} first (where the network allows)")
+    for key, stage in WEIGHTS_READ_BY.items():
+        value, role = getattr(cfg.model, key), key.removesuffix("_weights")
+        if stage not in stage_names or not (value and is_weights_name(value)):
+            continue
+        if os.path.isfile(path := weights_of(cfg.model, role)):
+            continue
+        if os.environ.get(OFFLINE_ENV, "0") not in ("", "0"):
+            try:
+                weights_file(value, getattr(cfg.model, role), f"model.{key}", download=True)  # offline: only refuses
+            except InputError as e:
+                raise ConfigError([str(e)], source=source) from None
+        notes.append(f"model.{key}: {value} is not in torch's cache yet; `compress run` downloads it to {path} "
+                     "first (where the network allows)")
     return notes
 
 
@@ -262,7 +277,7 @@ def _weights_problems(cfg, stage_names, built):
     starts, after the stages before it have trained (the distill stage reads model.student_weights after the
     teacher's hours). Loads into the throwaway models `built` by _model_problems."""
     from compress.errors import InputError
-    from compress.models.weights import NEW_HEAD, load_pretrained, weights_of
+    from compress.models.weights import load_pretrained, untrained_head_problem, weights_of
 
     found = []
     for key, stage in (("model.teacher", "teacher"), ("model.student", "distill")):
@@ -277,12 +292,11 @@ def _weights_problems(cfg, stage_names, built):
         except InputError as e:
             found.append(str(e))
             continue
-        if key == "model.teacher" and cfg.teacher.epochs == 0 and NEW_HEAD in note:
+        if key == "model.teacher" and cfg.teacher.epochs == 0:
             from compress.data.datasets import num_classes_of
 
-            found.append(f"teacher.epochs: 0 takes the teacher as given, but '{path}' has no classifier head for the "
-                         f"data's {num_classes_of(cfg.data)} classes, and a new one would never be trained; set "
-                         "teacher.epochs to 1 or more (or give weights whose head has these classes)")
+            problem = untrained_head_problem(note, path, num_classes_of(cfg.data))
+            found += [problem] if problem else []
     return found
 
 

@@ -248,16 +248,21 @@ def test_a_run_starts_the_teacher_from_the_cached_weights_offline_or_says_what_t
     assert missing.exit_code == 2 and "Traceback" not in missing.output
     assert f"download https://download.pytorch.org/models/{FILE} and place it at" in missing.stderr
     assert not (tmp_path / "run").exists()  # refused before anything was written
-    planned = invoke(*args, "--dry-run")  # a dry run downloads nothing (it writes nothing): it says a run would
+    offline = invoke(*args, "--dry-run")  # COMPRESS_OFFLINE: the dry run refuses as the run does, in its words
+    assert offline.exit_code == 2 and "COMPRESS_OFFLINE is set; download https://" in offline.stderr, offline.output
+    os.environ.pop("COMPRESS_OFFLINE")  # (monkeypatch restores it) a dry run downloads nothing: it says a run would
+    planned = invoke(*args, "--dry-run")
     assert planned.exit_code == 0, planned.output
     assert (f"note: model.teacher_weights: torchvision:IMAGENET1K_V1 is not in torch's cache yet; `compress run` "
             f"downloads it to {torch_home / 'hub' / 'checkpoints' / FILE} first") in planned.stdout
     assert "teacher  run" in planned.stdout and not (tmp_path / "run").exists()
-    place_imagenet_weights(torch_home)
-    assert "note: model.teacher_weights" not in invoke(*args, "--dry-run").stdout
+    os.environ["COMPRESS_OFFLINE"] = "1"
+    place_imagenet_weights(torch_home)  # random weights under torchvision's name: used as they are, with a warning
     ran = invoke(*args)
     assert ran.exit_code == 0, ran.output
     assert f"teacher: model.teacher_weights: loaded {FILE}" in ran.stderr
+    assert f"{FILE}' in torch's weights cache is not the file torchvision publishes" in ran.stderr
+    assert "note: model.teacher_weights" not in invoke(*args, "--dry-run").stdout
     assert "up to date, skipped" in invoke(*args).stderr  # the cached file's sha256 is the stage's input
     os.utime(torch_home / "hub" / "checkpoints" / FILE)  # touched, same bytes: still up to date
     assert "up to date, skipped" in invoke(*args).stderr
@@ -409,3 +414,60 @@ def test_a_download_whose_sha256_does_not_match_its_name_is_refused(torch_home, 
                                          r"says; download .*resnet18-f37072fd.pth and place it at"):
         weights.weights_file("pretrained", "torchvision:resnet18", "model.teacher_weights", download=True)
     assert not (torch_home / "hub" / "checkpoints" / "resnet18-f37072fd.pth").exists()
+
+
+def test_a_file_in_torchs_cache_that_is_not_the_published_one_is_used_with_one_warning(torch_home, caplog,
+                                                                                        monkeypatch):
+    """torchvision checks the sha256 prefix in a weights file's name only when it downloads: a file placed in
+    the cache under that name (random weights, another checkpoint) would load as "pretrained" unremarked. It is
+    still used - placing one's own file there can be deliberate - with one warning naming it, the file hashed once
+    however often the run looks it up."""
+    import hashlib
+    import logging
+
+    import compress.models.weights as weights
+
+    path, _ = place_imagenet_weights(torch_home)  # not torchvision's bytes: its sha256 does not begin with 047dcff4
+    hashed, sha256_file = [], weights.sha256_file
+    monkeypatch.setattr(weights, "sha256_file", lambda p, **kw: hashed.append(p) or sha256_file(p, **kw))
+    with caplog.at_level(logging.WARNING, logger="compress.models.weights"):
+        for _ in range(3):
+            assert weights_file("pretrained", "torchvision:mobilenet_v3_small", "model.teacher_weights") == str(path)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"model.teacher_weights: '{path}' in torch's weights cache is not the file torchvision publishes (its sha256 "
+        "does not begin with 047dcff4 as its name says), so it is loaded as it is; delete it and rerun to download "
+        "the published weights, unless you placed it there on purpose"]
+    assert hashed == [str(path)]
+    assert weights.unpublished(str(path)) == "047dcff4"
+
+    # a file whose sha256 does begin with the prefix in its name: nothing to say
+    mine = torch_home / "hub" / "checkpoints" / "mine.pth"
+    torch.save(resnet18_state(), mine)
+    named = mine.with_name(f"mine-{hashlib.sha256(mine.read_bytes()).hexdigest()[:8]}.pth")
+    mine.rename(named)
+    assert weights.unpublished(str(named)) == "" and weights.unpublished(str(mine.with_name("notes.pth"))) == ""
+
+
+def test_a_teacher_taken_as_given_says_what_head_its_file_has():
+    """teacher.epochs: 0 with weights whose head is not for the data's classes: the sentence says the file's head
+    is for 1000 classes (not that it has none), or that it has none, and that nothing would train a new one."""
+    import tempfile
+
+    from compress.models.weights import untrained_head_problem
+
+    advice = "set teacher.epochs to 1 or more (or give weights whose head has these classes)"
+    state = resnet18_state(num_classes=1000)
+    with tempfile.TemporaryDirectory() as folder:
+        files = {"imagenet.pth": state, "backbone.pth": {k: v for k, v in state.items() if not k.startswith("fc.")},
+                 "four.pth": resnet18_state(num_classes=4)}
+        notes = {}
+        for name, saved in files.items():
+            torch.save(saved, os.path.join(folder, name))
+            notes[name] = load_pretrained(fresh_resnet18(4), os.path.join(folder, name), "model.teacher_weights")
+    assert untrained_head_problem(notes["imagenet.pth"], "/x/imagenet.pth", 4) == (
+        "teacher.epochs: 0 takes the teacher as given, but the classifier head in '/x/imagenet.pth' is for 1000 "
+        f"classes and the data has 4: it needs a new head, and with teacher.epochs: 0 nothing would train it; {advice}")
+    assert untrained_head_problem(notes["backbone.pth"], "/x/backbone.pth", 4) == (
+        "teacher.epochs: 0 takes the teacher as given, but '/x/backbone.pth' has no classifier head for the data's 4 "
+        f"classes, and with teacher.epochs: 0 nothing would train a new one; {advice}")
+    assert untrained_head_problem(notes["four.pth"], "/x/four.pth", 4) == ""

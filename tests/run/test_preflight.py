@@ -8,6 +8,7 @@ import textwrap
 import pytest
 import torch
 
+from compress.errors import ConfigError
 from compress.models.registry import build_model
 from compress.run.config import load_config
 from conftest import image_tree, invoke
@@ -198,14 +199,39 @@ def test_a_teacher_taken_as_given_whose_head_would_be_new_is_refused(tmp_path, t
     teacher = build_model("resnet14", (1, 8, 8), 1000).state_dict()  # the tiny config's teacher, 1000 classes
     torch.save(teacher, tmp_path / "imagenet_head.pth")
     torch.save({k: v for k, v in teacher.items() if not k.startswith("classifier.")}, tmp_path / "backbone.pth")
-    for name in ("imagenet_head.pth", "backbone.pth"):
+    said = {"imagenet_head.pth": f"the classifier head in '{tmp_path / 'imagenet_head.pth'}' is for 1000 classes "
+                                 "and the data has 10: it needs a new head, and with teacher.epochs: 0 nothing would "
+                                 "train it; set teacher.epochs to 1 or more",
+            "backbone.pth": f"'{tmp_path / 'backbone.pth'}' has no classifier head for the data's 10 classes, and "
+                            "with teacher.epochs: 0 nothing would train a new one; set teacher.epochs to 1 or more"}
+    for name, sentence in said.items():
         result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher",
                         "--set", f"model.teacher_weights={tmp_path / name}", "--set", "teacher.epochs=0")
         assert result.exit_code == 2 and "Traceback" not in result.stderr, result.output
-        assert (f"teacher.epochs: 0 takes the teacher as given, but '{tmp_path / name}' has no classifier head for "
-                "the data's 10 classes, and a new one would never be trained; set teacher.epochs to 1 or more") \
-            in result.stderr
+        assert f"teacher.epochs: 0 takes the teacher as given, but {sentence}" in result.stderr, result.stderr
         assert not (tmp_path / "run").exists()
     trained = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--stages", "teacher", "--dry-run",
                      "--set", f"model.teacher_weights={tmp_path / 'backbone.pth'}", "--set", "teacher.epochs=1")
     assert trained.exit_code == 0, trained.output  # trained, the new head is fine
+
+
+def test_torchvision_weights_are_needed_only_by_the_stage_that_reads_them_and_offline_a_dry_run_refuses(
+        tmp_path, monkeypatch):
+    """model.teacher_weights=pretrained with nothing in torch's cache and COMPRESS_OFFLINE set: a run of the later
+    stages (the teacher already trained) neither fetches nor needs them; one that trains the teacher refuses, and
+    its dry run refuses in the same words rather than promise a download the run would not make."""
+    from compress.run.preflight import check, problems
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("COMPRESS_OFFLINE", "1")
+    cfg = load_config(None, ["data.name=digits", "model.teacher=torchvision:resnet18",
+                             "model.teacher_weights=pretrained"])
+    assert not any("teacher_weights" in p for p in problems(cfg, ["qat", "export"], 1))
+    assert check(cfg, ["qat", "export"], 1, download=False)["weights"] == []
+    (refused,) = [p for p in problems(cfg, ["teacher"], 1) if "teacher_weights" in p]
+    assert "not in torch's cache and COMPRESS_OFFLINE is set" in refused
+    with pytest.raises(ConfigError, match="COMPRESS_OFFLINE is set"):
+        check(cfg, ["teacher"], 1, download=False)
+    monkeypatch.delenv("COMPRESS_OFFLINE")
+    (note,) = check(cfg, ["teacher"], 1, download=False)["weights"]
+    assert "is not in torch's cache yet; `compress run` downloads it to" in note
