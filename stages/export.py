@@ -84,8 +84,13 @@ def run(ctx):
         latency_protocol=dataclasses.asdict(protocol(e.latency_repeats, e.latency_warmup)), **measured)
     atomic_write_json(ctx.run.path(OUTPUTS["report"]), dataclasses.asdict(report))
     _fail_if_asked(ctx, report, e)
-    return StageResult(verdict.manifest_metrics(report), [OUTPUTS[k] for k in (*paths, "report")],
-                       verdict.summary_line(report))
+    metrics = verdict.manifest_metrics(report)
+    shipped = next(kind for kind, name in files.items() if name == decided.file)
+    near = verdict.near_chance(decided.file, _accuracy(report, shipped), data.num_classes)
+    if near:
+        log.warning("export: %s", near)
+        metrics["near_chance"] = near
+    return StageResult(metrics, [OUTPUTS[k] for k in (*paths, "report")], verdict.summary_line(report))
 
 
 def _write_files(ctx, float_model, int8_model, qconfig, model_name, data):

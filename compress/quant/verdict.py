@@ -154,6 +154,17 @@ def summary_line(report):
             f"vs fp32 {s.fp32_ms:.2f} ms ({speedup_text(s.speedup)}) - deploy {r.verdict.file}")
 
 
+def near_chance(file, accuracy, classes):
+    """A sentence when the file to deploy is hardly better than guessing - within a tenth of the way from chance
+    to 100 %, as the distill stage judges its models - else ''."""
+    chance = 100.0 / classes
+    if accuracy is None or accuracy >= chance + (100.0 - chance) / 10:
+        return ""
+    return (f"the file to deploy, {file}, scores {accuracy:.2f}% on the validation images, hardly better than chance "
+            f"({chance:.1f}% for {classes} classes): it is not worth deploying; the report's accuracy column shows "
+            "where it was lost (train the teacher and the student longer: teacher.epochs, distill.epochs)")
+
+
 def busy_note(busy, folder):
     """Said once - in the log as the timing begins, and in the report - when other processes kept cores busy."""
     return (f"other processes kept {busy:.1f} of this machine's {usable_cpus()} usable CPUs busy as the timing "
@@ -163,7 +174,10 @@ def busy_note(busy, folder):
 
 def report_notes(m):
     """The run report's sentences on the export, from its manifest metrics `m` (also those of earlier versions)."""
-    notes = [f"Deploy export/{m['deploy']}: {m['deploy_why']}.",
+    notes = [f"Deploy export/{m['deploy']}: {m['deploy_why']}."]
+    if m.get("near_chance"):
+        notes.append(m["near_chance"][0].upper() + m["near_chance"][1:] + ".")
+    notes += [
              "The fp32 ONNX file is the float student as the qat stage received it (before QAT); the int8 files are "
              "made from it - by QAT, and for comparison by post-training quantization."]
     if "verdict_cell" in m:

@@ -121,6 +121,17 @@ def test_a_qat_gain_that_is_training_an_unconverged_student_is_called_that():
     assert "had not converged" not in " ".join(report_notes(converged))
 
 
+def test_a_file_to_deploy_hardly_better_than_chance_is_called_not_worth_deploying():
+    from compress.quant.verdict import near_chance, report_notes
+
+    said = near_chance("model.int8.onnx", 25.0, 4)
+    assert said.startswith("the file to deploy, model.int8.onnx, scores 25.00% on the validation images, hardly "
+                           "better than chance (25.0% for 4 classes): it is not worth deploying")
+    assert near_chance("model.int8.onnx", 40.0, 4) == "" and near_chance("model.int8.onnx", 32.0, 4)  # 25 + 7.5
+    m = {"deploy": "model.int8.onnx", "deploy_why": "faster", "near_chance": said}
+    assert report_notes(m)[1] == "T" + said[1:] + "."
+
+
 def test_the_report_says_when_the_deployed_file_runs_faster_on_fewer_threads():
     """A small int8 model at batch 1 can be faster on 1 thread than on 2; the report says so for the deployed file
     (and only where the gap is beyond the 10 % a busy machine moves a cell), naming what to set."""
