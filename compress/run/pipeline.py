@@ -359,7 +359,7 @@ def _plan(cfg, run, stage_names, force, world):
         upstream = [i for i in spec.inputs(ConfigView(cfg, spec.CONFIG_KEYS)) if isinstance(i, Input)
                     and i.stage in running]
         try:
-            state = decide(run, cfg, spec, force, STAGES, world, planning=True)
+            state = decide(run, cfg, spec, force, STAGES, world, planning=True, running_first=set(running))
             action, why = {"skip": "skip", "fresh": "run", "resume": "resume"}[state.action], state.reason
         except CompressError as e:  # an input not there yet: fine when the stage that writes it runs first
             if not upstream:

@@ -114,13 +114,14 @@ def read_resume(run, stage, part="", epochs=None):
     return Resume(rel, state["epoch"], state["step"], state.get("world_size"), extra), None
 
 
-def decide(run, cfg, spec, force, stages, world, planning=False):
+def decide(run, cfg, spec, force, stages, world, planning=False, running_first=()):
     """The StageState of stage module `spec` in run directory `run` for config `cfg` on `world` processes
-    (`planning`: for a dry run, where weights not downloaded yet count as changed instead of unreadable)."""
+    (`planning`: for a dry run, where weights not downloaded yet count as changed instead of unreadable, and the
+    stages `running_first` run before this one, so their stale outputs are about to be replaced, not read)."""
     manifest = run.manifest()
     entries = manifest["stages"]
     states = stage_states(run, stages, manifest)
-    inputs, sources = _inputs(run, cfg, spec, entries, states, stages, planning)
+    inputs, sources = _inputs(run, cfg, spec, entries, states, stages, planning, running_first)
     base = {"stage": spec.NAME, "config_hash": section_hash(cfg, spec.CONFIG_KEYS),
             "config": config_slice(cfg, spec.CONFIG_KEYS), "inputs": inputs, "sources": sources,
             "result_hash": result_hash(cfg, spec.CONFIG_KEYS, _images_followed(inputs))}
@@ -223,7 +224,7 @@ def _resume_reason(entry, point, epochs):
 NOT_FETCHED = "0" * 64  # the digest a dry run gives weights a real run would download first: matches no file
 
 
-def _inputs(run, cfg, spec, entries, states, stages, planning=False):
+def _inputs(run, cfg, spec, entries, states, stages, planning=False, running_first=()):
     """({input key: sha256}, {"stage:output": run-relative path}) of the files the stage declares it reads."""
     inputs, sources = {}, {}
     for item in spec.inputs(ConfigView(cfg, spec.CONFIG_KEYS)):
@@ -248,7 +249,7 @@ def _inputs(run, cfg, spec, entries, states, stages, planning=False):
             continue
         if not present:
             raise InputError(_missing_message(run, entries, item, rel))
-        if states[item.stage][0] != "complete":
+        if states[item.stage][0] != "complete" and item.stage not in running_first:
             log.warning("%s: reading %s from the %s stage, which is stale (%s)", spec.NAME, rel, item.stage,
                         states[item.stage][1])
         inputs[rel] = entry["outputs"][rel]  # what the stage verifies the file against when it loads it

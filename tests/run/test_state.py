@@ -343,6 +343,10 @@ def test_reading_a_stale_upstream_output_warns(run, caplog):
     with caplog.at_level(logging.WARNING):
         decide(run, cfg(), STAGES["qat"], False, STAGES, 1)
     assert "reading distill/model.safetensors from the distill stage, which is stale" in caplog.text
+    caplog.clear()  # a dry run's plan, with distill running first: its file is about to be replaced, not read
+    with caplog.at_level(logging.WARNING):
+        decide(run, cfg(), STAGES["qat"], False, STAGES, 1, planning=True, running_first={"distill"})
+    assert "which is stale" not in caplog.text
 
 
 @pytest.mark.e2e
