@@ -8,7 +8,7 @@ the same layers and int8-friendly shape.
 import torch
 from torch import nn
 
-from compress.models.architectures import conv_bn_relu
+from compress.models.architectures import PhotoResNet, conv_bn_relu
 
 
 class WideCompactCNN(nn.Module):
@@ -31,3 +31,8 @@ class WideCompactCNN(nn.Module):
 def compact_cnn_x2(num_classes, in_channels):
     """64/128/128 wide: 4x the parameters (225k) and the multiply-adds of `compact_cnn`."""
     return WideCompactCNN(in_channels, num_classes, 2)
+
+
+def resnet10_quarter(num_classes, in_channels):
+    """The photos recipe's `resnet10_half` at half its width again (16-128 channels): 0.3M parameters."""
+    return PhotoResNet(in_channels, num_classes, depths=(1, 1, 1, 1), width=16)
