@@ -372,6 +372,11 @@ TORCHVISION_WEIGHTS = "torchvision:"
 OFFLINE_ENV = "COMPRESS_OFFLINE"  # set (to anything but 0): never download weights, only look in the cache
 
 
+def offline():
+    """Whether COMPRESS_OFFLINE forbids downloading weights (set to anything but 0)."""
+    return os.environ.get(OFFLINE_ENV, "0") not in ("", "0")
+
+
 def is_weights_name(value):
     """`pretrained`, `torchvision:<NAME>` (IMAGENET1K_V1, DEFAULT, ...) or `torchvision:<Enum>.<NAME>`: weights
     torchvision names, not a file."""
@@ -486,8 +491,7 @@ def weights_file(value, model_name, key, download=False):
         return path
     if not download:
         return path
-    offline = os.environ.get(OFFLINE_ENV, "0") not in ("", "0")
-    if not offline:
+    if not offline():
         import torch.hub
 
         try:

@@ -106,7 +106,7 @@ def _not_fetched(cfg, stage_names, source=None):
     """A note per torchvision weights name whose file is not in torch's cache (a dry run does not download); with
     COMPRESS_OFFLINE set the run would refuse instead, and so does the dry run, in the run's words."""
     from compress.errors import InputError
-    from compress.models.weights import OFFLINE_ENV, is_weights_name, weights_file, weights_of
+    from compress.models.weights import is_weights_name, offline, weights_file, weights_of
 
     notes = []
     for key, stage in WEIGHTS_READ_BY.items():
@@ -115,7 +115,7 @@ def _not_fetched(cfg, stage_names, source=None):
             continue
         if os.path.isfile(path := weights_of(cfg.model, role)):
             continue
-        if os.environ.get(OFFLINE_ENV, "0") not in ("", "0"):
+        if offline():
             try:
                 weights_file(value, getattr(cfg.model, role), f"model.{key}", download=True)  # offline: only refuses
             except InputError as e:
@@ -280,7 +280,8 @@ def _weights_problems(cfg, stage_names, built):
     from compress.models.weights import load_pretrained, untrained_head_problem, weights_of
 
     found = []
-    for key, stage in (("model.teacher", "teacher"), ("model.student", "distill")):
+    for weights_key, stage in WEIGHTS_READ_BY.items():
+        key = f"model.{weights_key.removesuffix('_weights')}"
         try:
             path = weights_of(cfg.model, key.split(".")[1])
         except InputError:
