@@ -10,15 +10,15 @@ images are for:
                                            enlarged); the crops are cut from these pixels every epoch
     training with pad_crop or none         the deployment rule, as evaluation
 
-Where the pixels live: in a run, on disk in `<run>/cache/pixels/<role>-<key>/` (or under `data.cache_dir`),
-in chunks of IMAGES_PER_CHUNK images, each a safetensors file (a flat uint8 tensor and the images' shapes);
-`pixels.json` records each chunk's sha256 as the chunk is written, and every open checks each chunk against it,
-so a damaged or altered chunk - or one pixels.json does not record - is decoded again, never used. The key is
-the images (a fingerprint of the files: names, sizes, bytes) and the rule, so every stage of a run and every
-later run with the same images and sizes finds them. They are then read into memory when they fit
-`data.cache_mb`, else memory-mapped (the operating system's page cache holds what fits). All ranks decode chunks
-in parallel (round-robin, a thread per CPU); rank 0 writes them. Outside a run (the library called directly)
-they are decoded into memory when they fit.
+Where the pixels live: in a run, on disk in `<run>/cache/pixels/<role>-<key>/` (or under `data.cache_dir`), in
+chunks of IMAGES_PER_CHUNK images (fewer where images are large: about CHUNK_BYTES a chunk), each a safetensors file
+(a flat uint8 tensor and the images' shapes); `pixels.json` records each chunk's sha256 as the chunk is written, and
+every open checks each chunk against it, so a damaged or altered chunk - or one pixels.json does not record - is
+decoded again, never used. The key is the images (a fingerprint of the files: names, sizes, bytes) and the rule, so
+every stage of a run and every later run with the same images and sizes finds them. They are then read into memory
+when they fit `data.cache_mb`, else memory-mapped (the operating system's page cache holds what fits). All ranks
+decode chunks in parallel (round-robin, a thread per CPU); rank 0 writes them. Outside a run (the library called
+directly) they are decoded into memory when they fit.
 """
 
 import dataclasses
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "compress-pixels/1"
 IMAGES_PER_CHUNK = 512
+CHUNK_BYTES = 128 * 2**20  # a chunk's pixels, at most about: building one holds three copies of it at once
 KEEP_SIDE_FACTOR = 4  # random_resized_crop: images kept whole up to a shorter side of image_size x this
 
 
@@ -138,6 +139,13 @@ def decode_chunk(files, channels, rule, threads):
     return flat, shapes, bad
 
 
+def images_per_chunk(files, channels, rule):
+    """IMAGES_PER_CHUNK, or fewer where the images are large enough that a chunk would pass CHUNK_BYTES (a
+    chunk is decoded, written and checked whole: 512 twelve-megapixel photos kept at 896 px would be 1.6 GB)."""
+    per_image = estimate_bytes(files, channels, rule) / max(1, len(files))
+    return int(min(IMAGES_PER_CHUNK, max(1, CHUNK_BYTES // max(1, per_image))))
+
+
 def estimate_bytes(files, channels, rule, samples=200):
     """The decoded size of `files` under `rule`, from the headers of up to `samples` evenly spaced files
     (no pixel is decoded): exact for an eval rule, an estimate for shrunk images of varied shapes."""
@@ -197,6 +205,9 @@ class PixelCache:
 
     def _read_head(self):
         """(Rank 0) the chunk files present and the digests pixels.json recorded for them."""
+        if os.path.lexists(self.folder) and not os.path.isdir(self.folder):
+            raise InputError(f"data: '{self.folder}' is a file where compress keeps decoded images; remove it (no "
+                             "cache of compress's is a file)")
         present = [c for c in range(self.spec.chunks) if os.path.isfile(self.chunk_path(c))]
         digests = {}
         if os.path.isfile(self.index_path):
@@ -274,22 +285,26 @@ class PixelCache:
         bad, threads = [], max(1, torch.get_num_threads())
         for first in range(0, len(missing), env.world):
             mine = missing[first + env.rank] if first + env.rank < len(missing) else None
-            payload = b""
+            decoded = None
             if mine is not None and not interrupt.local_request():
-                flat, shapes, errors = decode_chunk([files[i] for i in self.spec.chunk_range(mine)],
-                                                    self.spec.channels, rule, threads)
-                payload = _pack(mine, flat, shapes, errors)
+                decoded = (mine, *decode_chunk([files[i] for i in self.spec.chunk_range(mine)], self.spec.channels,
+                                               rule, threads))
             interrupt.stop_if_asked("while decoding the images (the chunks written so far are kept)", env,
                                     what="resume decoding them")
-            for data in dist.all_gather_bytes(env, payload):
-                if not data:
-                    continue
-                c, flat, shapes, errors = _unpack(data)
+            if env.distributed:  # each rank's chunk goes to rank 0, the one that writes
+                payload = _pack(*decoded) if decoded else b""
+                decoded = None
+                gathered = [_unpack(data) for data in dist.gather_bytes(env, payload) if data]
+            else:
+                gathered = [decoded] if decoded else []
+            for c, flat, shapes, errors in gathered:
                 bad += errors
-                if env.is_main and not errors:
+                if not errors:
                     recorded[os.path.basename(self.chunk_path(c))] = self._write_chunk(c, flat, shapes)
+            del gathered
             if env.is_main:  # after every round: no chunk is ever on disk without its digest recorded
                 self._write_index(recorded, complete=False)
+        bad = [tuple(e) for e in dist.broadcast_json(env, bad)]  # every rank raises the error together
         if bad:
             dist.raise_on_main(env, InputError(unreadable_sentence(sorted(bad), len(files))))
         if env.is_main:
@@ -374,7 +389,7 @@ def hold(files, channels, rule, budget, place=None, role="train", fingerprint=No
         pixels = Pixels([(flat, shapes)], max(1, count))
         return pixels, (f"{count:,} {role} images decoded once into memory {_side_text(rule)} "
                         f"({pixels.nbytes / 2**20:,.0f} MB, {time.perf_counter() - start:.1f}s)")
-    spec = PixelSpec(fingerprint, count, channels, rule)
+    spec = PixelSpec(fingerprint, count, channels, rule, images_per_chunk(files, channels, rule))
     cache = PixelCache(os.path.join(place.folder, f"{role}-{spec.key}"), spec)
     plan = cache.prepare(place.env)
     start = time.perf_counter()

@@ -31,6 +31,12 @@ def resize_rule(size, eval_crop=1.0):
             "interpolation": "bilinear", "antialias": True, "crop": "center"}
 
 
+# The most pixels an image may have: where Pillow itself refuses (twice its warning level of 89,478,485), so a
+# 108-megapixel phone photo is read; a decompression bomb (a small file that decodes to billions of pixels) is
+# still refused from its header, before any pixel is decoded.
+MAX_PIXELS = 2 * 89_478_485
+
+
 def open_image(path, max_pixels=None, decode=True, at_least=None):
     """A decoded PIL image, or an InputError naming the file (missing, unreadable, or too large to be a
     real image: a decompression bomb). With `decode` False only the header is read (tens of microseconds a
@@ -39,7 +45,7 @@ def open_image(path, max_pixels=None, decode=True, at_least=None):
     decoder's own downscaling: a 12-megapixel photo decodes several times faster)."""
     from PIL import Image, UnidentifiedImageError
 
-    limit = max_pixels or Image.MAX_IMAGE_PIXELS
+    limit = max_pixels or MAX_PIXELS
     try:  # a named pipe or a device would block Image.open (or never end): only regular files are images
         st = os.stat(path)
         mode = st.st_mode
@@ -53,7 +59,7 @@ def open_image(path, max_pixels=None, decode=True, at_least=None):
         raise InputError(f"cannot read image '{path}' (the file is empty: 0 bytes); fix or remove it")
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # MAX_PIXELS decides, below
             im = Image.open(path)
             if im.width * im.height > limit:
                 raise Image.DecompressionBombError(f"{im.width * im.height} pixels")
@@ -147,7 +153,7 @@ def check_resized(path, size, side, max_pixels=None):
     larger than an image may be decoded (a 80,000,000 x 1 PNG of 77 KB would become 2.6 billion pixels)."""
     from PIL import Image
 
-    limit = max_pixels or Image.MAX_IMAGE_PIXELS
+    limit = max_pixels or MAX_PIXELS
     w, h = size
     scale = side / max(1, min(w, h))
     if w * h * scale * scale > limit:

@@ -197,8 +197,9 @@ def all_gather_tensor(env, tensor):
     return [o.cpu().view(tensor.dtype).view(tensor.shape) for o in out]
 
 
-def all_gather_bytes(env, data):
-    """Every rank's `data` (bytes of any length, b"" for none), in rank order."""
+def gather_bytes(env, data):
+    """Every rank's `data` (bytes of any length, b"" for none), in rank order, on rank 0; [] on the other ranks,
+    which hold only their own (a rank decoding images sends its chunk to the one rank that writes it)."""
     if not env.distributed:
         return [data]
     sizes = all_gather_tensor(env, torch.tensor([len(data)], dtype=torch.long))
@@ -206,7 +207,12 @@ def all_gather_bytes(env, data):
     buf = torch.zeros(max(1, longest), dtype=torch.uint8)
     if data:
         buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return [bytes(t[:int(n.item())].numpy().tobytes()) for t, n in zip(all_gather_tensor(env, buf), sizes)]
+    t = _comm(env, buf)
+    out = [torch.empty_like(t) for _ in range(env.world)] if env.is_main else None
+    tdist.gather(t, gather_list=out, dst=0)
+    if not env.is_main:
+        return []
+    return [o.cpu()[:int(n.item())].numpy().tobytes() for o, n in zip(out, sizes)]
 
 
 def broadcast_json(env, obj=None):

@@ -95,6 +95,32 @@ def test_a_damaged_chunk_is_decoded_again_never_used(tmp_path):
     assert torch.equal(again.source(1), good)
 
 
+def test_large_images_go_into_smaller_chunks_so_a_build_holds_about_chunk_bytes(tmp_path, monkeypatch):
+    """A chunk is decoded, written and checked whole: images large enough that 512 of them would pass
+    CHUNK_BYTES go fewer to a chunk (here 8 KB: five 50x70 images kept whole, 10,500 bytes each, one a chunk),
+    and read back the same pixels as one chunk of all of them."""
+    files = photos(tmp_path / "img", [(50, 70)] * 5)
+    whole = cached_set(files, pixels.Place(str(tmp_path / "one"), DistEnv()))
+    monkeypatch.setattr(pixels, "CHUNK_BYTES", 8 * 1024)
+    small = cached_set(files, pixels.Place(str(tmp_path / "many"), DistEnv()))
+    (folder,) = os.listdir(tmp_path / "many")
+    chunks = sorted(f for f in os.listdir(tmp_path / "many" / folder) if f.startswith("chunk-"))
+    assert len(chunks) == 5 and len(os.listdir(tmp_path / "one" / os.listdir(tmp_path / "one")[0])) == 2
+    assert all(torch.equal(small.source(i), whole.source(i)) for i in range(5))
+
+
+def test_a_file_where_the_cache_folder_goes_is_named_in_one_sentence(tmp_path):
+    files = photos(tmp_path / "img", [(50, 70)] * 2)
+    place = pixels.Place(str(tmp_path / "cache"), DistEnv())
+    cached_set(files, place)
+    (folder,) = os.listdir(tmp_path / "cache")
+    import shutil
+    shutil.rmtree(tmp_path / "cache" / folder)
+    (tmp_path / "cache" / folder).write_text("x")
+    with pytest.raises(InputError, match="is a file where compress keeps decoded images; remove it"):
+        cached_set(files, place)
+
+
 def test_a_forged_chunk_with_its_own_hashes_rewritten_is_found_by_the_recorded_digest(tmp_path):
     """A chunk rewritten with other pixels and its header's hashes updated to match checks itself fine; the
     digest pixels.json recorded when the chunk was written does not match it. A chunk pixels.json does not

@@ -134,3 +134,17 @@ def test_an_image_pillow_cannot_convert_is_skipped_like_an_unreadable_one(finish
     assert (f"skipped: cannot read image '{tmp_path / 'lab.tif'}' (ValueError: conversion from LAB to RGB not "
             "supported); fix or remove it") in result.stderr
     assert f"{tmp_path / 'digit.png'}: " in result.stdout and "unexpected" not in result.stderr
+
+
+def test_a_108_megapixel_photo_is_read_and_a_bomb_still_refused(tmp_path):
+    """Pillow warns at 89 megapixels; a 108-megapixel phone photo (12000 x 9000) is a photo, not a bomb, and its
+    header is read. One that claims 20000 x 10000 (past Pillow's own refusal) is refused in one sentence."""
+    from compress.deploy.imageio import open_image
+    from compress.errors import InputError
+    from tests.test_bad_inputs import png_claiming_size
+
+    png_claiming_size(tmp_path / "phone.png", 12000, 9000)
+    assert open_image(tmp_path / "phone.png", decode=False).size == (12000, 9000)
+    png_claiming_size(tmp_path / "bomb.png", 20000, 10000)
+    with pytest.raises(InputError, match="too large to decode safely"):
+        open_image(tmp_path / "bomb.png", decode=False)
