@@ -169,9 +169,10 @@ def eval_cmd(model, folder, png, as_json):
     """Measure an exported model's accuracy on a labelled image-folder tree.
 
     MODEL is an .onnx file or a run directory (its recommended file). FOLDER holds one folder per class
-    (<class>/<image>), named like the model's classes; a folder with train/ and val/ (or valid/, validation/,
-    test/) is evaluated on that split. Prints top-1 accuracy (and top-5 above 5 classes), accuracy per class and
-    the confusion matrix (rows: true class, columns: predicted), with the file's own preprocessing.
+    (<class>/<image>), named like the model's classes; a folder with train/ and val/ (or training/; valid/,
+    validation/, dev/, test/, testing/) is evaluated on that split. Prints top-1 accuracy (and top-5 above 5
+    classes), accuracy per class and the confusion matrix (rows: true class, columns: predicted), with the file's
+    own preprocessing.
 
     \b
     Examples:

@@ -15,7 +15,7 @@ from compress.data.imageset import FINGERPRINT_BYTES, UNLABELLED, FileImages, Im
 from compress.data.pixels import unreadable_sentence
 from compress.data.registry import input_shape_of
 from compress.deploy import imageio
-from compress.deploy.folders import SPLIT_FOLDERS, class_folders, skipped, split_folders, split_name
+from compress.deploy.folders import SPLIT_FOLDERS, class_folders, loose_images, skipped, split_folders, split_name
 from compress.errors import InputError
 from compress.fileio import is_utf8_name, open_regular, sha256_file, walk_tree
 
@@ -96,6 +96,11 @@ def _scan(cfg):
         layout = f"{where}: {cfg.val_fraction:.0%} held out for validation by data.split_seed"
         given = None
     notes += _balance(names, train, val, given) + _turned(train + val)
+    trees = [train_dir, os.path.join(root, held_out)] if given else [tree]
+    for folder, loose in ((folder, loose_images(folder)) for folder in trees):
+        if loose:
+            notes.append(f"{loose:,} image(s) directly in '{imageio.printable(folder)}' are in no class folder and "
+                         "are not used; move them into their class's folder")
     if others:
         kinds = ", ".join(f"{n:,} {suffix}" for suffix, n in others.most_common(5))
         notes.append(f"skipped {sum(others.values()):,} file(s) in the class folders that are not images compress "

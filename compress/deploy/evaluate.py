@@ -5,11 +5,12 @@ numpy and onnxruntime only."""
 import glob
 import os
 import shlex
+import unicodedata
 
 import numpy as np
 
 from compress.deploy import export_report
-from compress.deploy.folders import class_folders, skipped, split_folders
+from compress.deploy.folders import class_folders, loose_images, skipped, split_folders, split_name
 from compress.deploy.imageio import IMAGE_EXTENSIONS, printable
 from compress.deploy.onnx_model import fixed_batch_error
 from compress.errors import InputError
@@ -60,21 +61,29 @@ def _export_run(path):
 
 
 def image_paths(arguments):
-    """Image files from files, folders (every image below, sorted) and glob patterns, in the order given."""
+    """Image files from files, folders (every image below, sorted) and glob patterns, in the order given. A
+    pattern's matches are read as a folder's files are: a folder walked, a file that is no image by its name left
+    out, each image once."""
     found = []
     for arg in arguments:
         arg = os.path.expanduser(arg)
-        if os.path.isdir(arg):  # one bounded walk: a link loop inside the folder is read once
-            for folder, files in walk_tree(arg, skip=skipped):
-                found.extend(os.path.join(folder, f) for f in files if f.lower().endswith(IMAGE_EXTENSIONS))
-        elif any(c in arg for c in "*?[") and not os.path.exists(arg):
+        if any(c in arg for c in "*?[") and not os.path.exists(arg):
             matches = sorted(glob.glob(arg, recursive=True))
             if not matches:
                 raise InputError(f"no file matches '{arg}'")
-            found.extend(matches)
+            found.extend(dict.fromkeys(p for m in matches if os.path.isdir(m) or m.lower().endswith(IMAGE_EXTENSIONS)
+                                       for p in _images_in(m)))  # 'photos/**' matches photos/ and each folder below
         else:
-            found.append(arg)
+            found.extend(_images_in(arg))
     return found
+
+
+def _images_in(arg):
+    """The images a folder holds (one bounded walk: a link loop inside it is read once), or [arg] for a file."""
+    if not os.path.isdir(arg):
+        return [arg]
+    return [os.path.join(folder, f) for folder, files in walk_tree(arg, skip=skipped) for f in files
+            if f.lower().endswith(IMAGE_EXTENSIONS)]
 
 
 def predict_files(model, paths, top_k=3, chunk=64):
@@ -113,41 +122,47 @@ def labelled_tree(root, class_names):
     if not classes:
         raise InputError(f"'{root}' holds no class folders; eval needs <class>/<image> folders named like the "
                          f"model's classes ({_some(class_names, 5)})")
-    unknown = [c for c in classes if c not in class_names]
+    known = {unicodedata.normalize("NFC", c): i for i, c in enumerate(class_names)}  # café copied from macOS
+    unknown = [c for c in classes if unicodedata.normalize("NFC", c) not in known]
     if unknown:
-        splits = [c for c in unknown if c.lower() in SPLIT_NAMES]
+        splits = [c for c in unknown if split_name(c)]
         hint = (f"; if '{os.path.join(root, splits[0])}' holds the class folders, pass that" if splits
-                and not any(c in class_names for c in classes) else "")
+                and len(unknown) == len(classes) else "")
         raise InputError(f"'{root}' has class folder(s) the model does not know: {_some(unknown, 5)}; the model's "
                          f"classes are {_some(class_names, 10)}{hint}")
-    samples = [(p, class_names.index(c)) for c in classes for p in image_paths([os.path.join(root, c)])]
+    samples = [(p, known[unicodedata.normalize("NFC", c)]) for c in classes
+               for p in _images_in(os.path.join(root, c))]
     if not samples:
         raise InputError(f"'{root}' holds no images in its class folders")
     return root, samples
 
 
 def unread_note(root, samples, class_names):
-    """A note on what a labelled tree holds that is not evaluated, or '': files in the class folders that are not
-    images compress reads (.gif, .heic, notes), by suffix, and class folders left without any image by them."""
+    """A note on what a labelled tree holds that is not evaluated, or '': images beside the class folders (in no
+    class), files in the class folders that are not images compress reads (.gif, .heic, notes), by suffix, and
+    class folders left without any image by them."""
     from collections import Counter
 
+    notes = []
+    loose = loose_images(root)
+    if loose:
+        notes.append(f"{loose:,} image(s) directly in '{printable(root)}' are in no class folder and are not "
+                     "evaluated; move them into their class's folder")
     others = Counter()
     for c in class_folders(root):
         for _, files in walk_tree(os.path.join(root, c), skip=skipped):
             others.update(os.path.splitext(f)[1].lower() or f for f in files
                           if not f.lower().endswith(IMAGE_EXTENSIONS) and not skipped(f))
-    if not others:
-        return ""
-    present = {label for _, label in samples}
-    empty = [c for c in class_folders(root) if class_names.index(c) not in present]
-    kinds = ", ".join(f"{n:,} {suffix}" for suffix, n in others.most_common(5))
-    return (f"skipped {sum(others.values()):,} file(s) in the class folders that are not images compress reads "
-            f"({kinds}); convert them to one of {', '.join(IMAGE_EXTENSIONS)} to evaluate them"
-            + (f" - class folder(s) {_some(empty, 5)} hold no other image, so their accuracy is not measured"
-               if empty else ""))
-
-
-SPLIT_NAMES = ("train", "val", "valid", "validation", "test")
+    if others:
+        present = {label for _, label in samples}
+        known = {unicodedata.normalize("NFC", c): i for i, c in enumerate(class_names)}
+        empty = [c for c in class_folders(root) if known.get(unicodedata.normalize("NFC", c)) not in present]
+        kinds = ", ".join(f"{n:,} {suffix}" for suffix, n in others.most_common(5))
+        notes.append(f"skipped {sum(others.values()):,} file(s) in the class folders that are not images compress "
+                     f"reads ({kinds}); convert them to one of {', '.join(IMAGE_EXTENSIONS)} to evaluate them"
+                     + (f" - class folder(s) {_some(empty, 5)} hold no other image, so their accuracy is not "
+                        "measured" if empty else ""))
+    return "; ".join(notes)
 
 
 def _some(names, most):

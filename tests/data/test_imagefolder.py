@@ -58,7 +58,8 @@ def test_imagefolder_with_train_and_val_folders_uses_them_as_the_splits(tmp_path
 
 
 def test_folders_as_users_copy_them_mean_what_they_look_like(tmp_path):
-    """Train/ and Val/ are splits, not classes; valid/ and validation/ are the validation split; macOS's ._0.png
+    """Train/ and Val/ are splits, not classes (so are Training/ and Testing/, as Kaggle's sets come); valid/,
+    validation/ and dev/ are the validation split; macOS's ._0.png
     AppleDouble files, __MACOSX/ and hidden folders such as .thumbnails/ are not images or classes - and eval reads
     a folder the same way, so a folder means one thing."""
     from compress.data.imagefolder import scan
@@ -68,7 +69,8 @@ def test_folders_as_users_copy_them_mean_what_they_look_like(tmp_path):
         got = scan(data_cfg("data.name=imagefolder", f"data.root={root}"))
         return got["classes"], len(got["train"]), len(got["val"]), got["layout"]
 
-    for train, held_out in (("Train", "Val"), ("train", "valid"), ("train", "validation"), ("TRAIN", "Test")):
+    for train, held_out in (("Train", "Val"), ("train", "valid"), ("train", "validation"), ("TRAIN", "Test"),
+                            ("Training", "Testing"), ("training", "validation"), ("train", "dev")):
         root = tmp_path / f"{train}-{held_out}"
         sized_image_tree(root, [train], count=5)
         sized_image_tree(root, [held_out], count=3)
@@ -502,7 +504,7 @@ def test_a_held_out_folder_left_unused_beside_the_one_validated_on_is_named(tmp_
     assert result.exit_code == 0, result.output
     assert "train/ and valid/ folders, used as given" in result.output
     assert ("data: validation uses valid/; test/ beside it is not used (compress validates on the first of val/, "
-            "valid/, validation/, test/ there is)" in result.output)
+            "valid/, validation/, dev/, test/, testing/ there is)" in result.output)
 
 
 def test_advice_for_a_small_or_missing_split_fits_how_the_splits_were_made(tmp_path):
@@ -517,3 +519,22 @@ def test_advice_for_a_small_or_missing_split_fits_how_the_splits_were_made(tmp_p
     image_tree(tmp_path / "one", splits=("",), count=5)
     notes = " ".join(scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'one'}"))["notes"])
     assert "add images or raise data.val_fraction" in notes
+
+
+def test_images_beside_the_class_folders_are_counted_in_a_note_not_dropped_without_a_word(tmp_path):
+    """train/loose.png and val/loose.png are in no class: left out, and the listing says how many and where (as
+    eval says of its folder)."""
+    from compress.data.imagefolder import scan
+    from compress.deploy.evaluate import labelled_tree, unread_note
+
+    sized_image_tree(tmp_path, ["train"], count=5)
+    sized_image_tree(tmp_path, ["val"], count=3)
+    for split in ("train", "val"):
+        shutil.copy(tmp_path / split / "cat" / "0.png", tmp_path / split / "loose.png")
+    got = scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}"))
+    assert (len(got["train"]), len(got["val"])) == (10, 6)
+    for split in ("train", "val"):
+        assert (f"1 image(s) directly in '{tmp_path / split}' are in no class folder and are not used; move them into "
+                "their class's folder") in got["notes"]
+    root, samples = labelled_tree(str(tmp_path), ["cat", "dog"])
+    assert len(samples) == 6 and "1 image(s) directly in" in unread_note(root, samples, ["cat", "dog"])

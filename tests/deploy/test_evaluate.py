@@ -119,3 +119,30 @@ def test_a_class_folder_mismatch_names_classes_on_one_line_and_a_split_folder_to
     assert "\n" not in message and "the model's classes are cat, b\\nc" in message
     assert f"if '{tmp_path / 'val'}' holds the class folders, pass that" in message
     assert labelled_tree(str(tmp_path / "val"), ["cat", "b\nc"])[1] == [(str(tmp_path / "val" / "cat" / "a.png"), 0)]
+
+
+def test_a_quoted_recursive_glob_reads_its_images_once_and_leaves_folders_and_other_files_out(tmp_path):
+    """'imgs/**' matches imgs/, imgs/sub/ and every file: read as a folder is - each image once, the folders and
+    the readme not taken for unreadable images."""
+    from compress.deploy.evaluate import image_paths
+
+    (tmp_path / "imgs" / "sub").mkdir(parents=True)
+    for name in ("a.png", "sub/b.png"):
+        Image.new("RGB", (8, 8)).save(tmp_path / "imgs" / name)
+    (tmp_path / "imgs" / "readme.txt").write_text("x")
+    expected = [str(tmp_path / "imgs" / "a.png"), str(tmp_path / "imgs" / "sub" / "b.png")]
+    assert sorted(image_paths([str(tmp_path / "imgs" / "**")])) == expected
+    assert sorted(image_paths([str(tmp_path / "imgs" / "*")])) == expected
+
+
+def test_eval_matches_class_folders_copied_from_macos_to_the_models_classes(tmp_path):
+    """macOS writes café's é as e + a combining accent (NFD): the same class as the model's café (NFC)."""
+    import unicodedata
+
+    from compress.deploy.evaluate import labelled_tree
+
+    for name in (unicodedata.normalize("NFD", "café"), "dog"):
+        (tmp_path / name).mkdir()
+        Image.new("RGB", (8, 8)).save(tmp_path / name / "a.png")
+    root, samples = labelled_tree(str(tmp_path), ["café", "dog"])
+    assert sorted(label for _, label in samples) == [0, 1]
