@@ -252,9 +252,13 @@ class _ConfigWriter:
         if self.raw is None:
             self.raw = new
         else:
+            kept = {key[len(LEFT_OUT):]: schema.get_path(self.raw, key[len(LEFT_OUT):], None)
+                    for key in spec.CONFIG_KEYS if key.startswith(LEFT_OUT)}  # in a section it saves, not read by it
             for key in (*spec.CONFIG_KEYS, "train"):
                 if not key.startswith(LEFT_OUT):
                     schema.set_path(self.raw, key, schema.get_path(new, key))
+            for key, value in kept.items():  # as the stages that read it last ran it
+                schema.set_path(self.raw, key, value)
         self.run.write_config(yaml.safe_dump(self.raw, sort_keys=False))
 
 

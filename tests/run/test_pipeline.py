@@ -190,3 +190,19 @@ def test_a_stage_that_runs_saves_its_own_keys_only(run_copy):
     assert result.exit_code == 0, result.output
     saved = yaml.safe_load((run_copy / "config.yaml").read_text())
     assert saved["qat"]["lr"] == 0.0002 and saved["distill"]["epochs"] == 2
+
+
+def test_a_key_the_running_stage_leaves_out_is_not_saved_so_later_stages_stay_done(run_copy, tmp_path):
+    """qat reads every `data` key but data.unlabeled: a --set of it with `--stages qat` is not saved as if qat had
+    used it, so the next plain run does not find distill's config changed."""
+    from conftest import write_val_pngs
+
+    (tmp_path / "unlabelled").mkdir()
+    write_val_pngs(tmp_path / "unlabelled")
+    result = invoke("run", "--run-dir", run_copy, "--stages", "qat", "--force", "--set",
+                    f"data.unlabeled={tmp_path / 'unlabelled'}")
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load((run_copy / "config.yaml").read_text())["data"].get("unlabeled") is None
+    plan = invoke("run", "--run-dir", run_copy, "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    assert "config changed" not in plan.output
