@@ -303,7 +303,7 @@ def _run_files(path):
     run, files = run_files(path)
     _warn_if_unverified(run, *files.values())
     try:
-        e = load_config(os.path.join(run, "config.yaml"), follow_links=False).export
+        e = load_config(os.path.join(run, "config.yaml"), follow_links=False, run_config=True).export
     except (CompressError, OSError):  # a run directory without a readable config: bench's own defaults
         return tuple(files.values()), (None, None, None, None)
     return tuple(files.values()), (e.latency_batch_sizes, e.latency_repeats, e.latency_warmup, e.latency_threads)

@@ -102,7 +102,7 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
             run = RunDir(run_dir)
             run.check_usable(writing=False)
             run.manifest()
-        cfg = load_config(config_path, overrides, follow_links=not own_config)
+        cfg = load_config(config_path, overrides, follow_links=not own_config, run_config=own_config)
     except CompressError as e:  # every torchrun worker parses the same config: let rank 0 alone say so
         from compress.errors import MirroredError
 

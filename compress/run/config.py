@@ -529,9 +529,14 @@ RENAMED = {  # keys that earlier versions accepted: say what became of them inst
 }
 
 
-def load_config(path=None, overrides=(), follow_links=True):
-    """Read a YAML file (or start from the defaults), apply `key.path=value` overrides, validate everything."""
+def load_config(path=None, overrides=(), follow_links=True, run_config=False):
+    """Read a YAML file (or start from the defaults), apply `key.path=value` overrides, validate everything.
+    Relative paths typed in a --set or a -c file (PATH_KEYS) become absolute, so the run's config.yaml names the
+    same folders and files from wherever a later command runs; a run's own config.yaml (`run_config`) is read as
+    saved."""
     raw = read_yaml(path, follow_links) if path else {}
+    if not run_config:
+        _absolute_paths(raw)
     sections = [f.name for f in dataclasses.fields(Config)]
     if len(raw) > 3 and not any(str(key).split(".")[0] in sections for key in raw):  # its lines are not echoed back
         raise ConfigError([f"none of its {len(raw)} top-level keys is a config section ({', '.join(sections)}); is "
@@ -553,7 +558,7 @@ def load_config(path=None, overrides=(), follow_links=True):
             raise ConfigError([f"'{key.strip()}' is a section, and an empty value would reset every key in it to "
                                f"the defaults; set a key inside it (e.g. --set {example}=...), "
                                f"or --set {key.strip()}={{}} to reset it on purpose"], source="--set")
-        schema.set_path(raw, key.strip(), value)
+        schema.set_path(raw, key.strip(), _absolute(key.strip(), value))
     renamed = [f"'{key}' {what}; update the config" for key, what in RENAMED.items()
                if schema.get_path(raw, key, None) is not None]
     if renamed:
@@ -562,6 +567,31 @@ def load_config(path=None, overrides=(), follow_links=True):
         return schema.build(Config, raw)
     except ConfigError as e:
         raise _named_by_origin(e.problems, path, [item.partition("=")[0].strip() for item in overrides]) from None
+
+
+PATH_KEYS = ("data.root", "data.unlabeled", "data.cache_dir", "model.teacher_weights", "model.student_weights")
+
+
+def _weights_name(value):
+    from compress.models.weights import is_weights_name
+
+    return is_weights_name(value)
+
+
+def _absolute(key, value):
+    """`value` of `key` as a path from the current folder when it is a relative path of PATH_KEYS ('~/photos' and
+    weights torchvision names, such as 'pretrained', stay as typed)."""
+    if key not in PATH_KEYS or not isinstance(value, str) or not value or value.startswith("~") \
+            or os.path.isabs(value) or _weights_name(value):
+        return value
+    return os.path.abspath(value)
+
+
+def _absolute_paths(raw):
+    for key in PATH_KEYS:
+        value = schema.get_path(raw, key, None)
+        if value is not None and isinstance(raw.get(key.split(".")[0]), dict):
+            schema.set_path(raw, key, _absolute(key, value))
 
 
 def _numeric_text(text):
@@ -794,6 +824,14 @@ def as_it_counts(picked, images_followed):
                 data[key] = os.path.realpath(os.path.expanduser(data[key]))
         if data.get("flip") is None and "name" in data:
             data["flip"] = data["name"] in ("imagefolder", "cifar10")
+    model = picked.get("model")
+    for key in ("teacher_weights", "student_weights"):  # a file, however spelled, is the file (its sha256 an input)
+        value = model.get(key) if isinstance(model, dict) else picked.get(f"model.{key}")
+        if isinstance(value, str) and value and not _weights_name(value):
+            if isinstance(model, dict):
+                model[key] = os.path.abspath(os.path.expanduser(value))
+            else:
+                picked[f"model.{key}"] = os.path.abspath(os.path.expanduser(value))
     return picked
 
 

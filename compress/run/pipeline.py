@@ -142,7 +142,7 @@ def read_config(path):
     """The config a run directory's config.yaml holds (as the next plain `compress run` there reads it), or None
     when it cannot be read back (then nothing is said about the stages left out; the run itself is done)."""
     try:
-        return load_config(path, [], follow_links=False)
+        return load_config(path, [], follow_links=False, run_config=True)
     except CompressError:
         return None
 

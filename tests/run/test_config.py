@@ -176,7 +176,7 @@ def test_a_set_string_keeps_what_yaml_would_cut():
     """--set data.root=/photos #2 is a folder named '/photos #2', not '/photos' and a comment; an anchor or a tag
     is text too. Quoted, YAML's quotes still apply."""
     for text in ("/photos #2", "&a /photos", "!!str /photos"):
-        assert load_config(None, ["data.name=imagefolder", f"data.root={text}"]).data.root == text
+        assert load_config(None, ["data.name=imagefolder", f"data.root={text}"]).data.root == os.path.abspath(text)
     assert load_config(None, ["data.name=imagefolder", "data.root='/my photos'"]).data.root == "/my photos"
     assert load_config(None, ["teacher.lr=1e-3 # lower"]).teacher.lr == 1e-3  # a number stays one (YAML: text)
 
@@ -502,3 +502,28 @@ def test_yaml_anchors_of_a_normal_config_still_work(tmp_path):
     path.write_text("teacher: {lr: &lr 0.2, epochs: 1}\ndistill: {lr: *lr}\n")
     result = invoke("config", "-c", path)
     assert result.exit_code == 0 and result.output.count("lr: 0.2") == 2
+
+
+def test_relative_paths_typed_now_are_saved_absolute_and_a_weights_file_spelled_another_way_is_the_same(
+        tmp_path, monkeypatch):
+    """A run's config.yaml is read from wherever a later command runs: `data.root=imgs` typed in /work is saved as
+    /work/imgs ('~/photos' and weights names stay as typed), while a run's own config.yaml is read as saved. Two
+    spellings of one weights file give one result hash (its sha256 is the stage's input)."""
+    from compress.run.config import result_hash
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["data.name=imagefolder", "data.root=imgs", "data.unlabeled=~/more",
+                             "model.teacher_weights=w.safetensors", "model.student_weights=pretrained"])
+    assert (cfg.data.root, cfg.data.unlabeled) == (str(tmp_path / "imgs"), "~/more")
+    assert (cfg.model.teacher_weights, cfg.model.student_weights) == (str(tmp_path / "w.safetensors"), "pretrained")
+    saved = tmp_path / "config.yaml"
+    saved.write_text("data:\n  name: imagefolder\n  root: imgs\n")
+    assert load_config(str(saved), [], run_config=True).data.root == "imgs"
+    assert load_config(str(saved), []).data.root == str(tmp_path / "imgs")
+    hashes = set()
+    for spelled in ("w.safetensors", "./w.safetensors", str(tmp_path / "w.safetensors")):
+        saved.write_text(f"model:\n  teacher_weights: {spelled}\n")  # as an earlier version saved it
+        cfg = load_config(str(saved), [], run_config=True)
+        assert cfg.model.teacher_weights == spelled
+        hashes.add(result_hash(cfg, ("model.teacher_weights", "teacher"), False))
+    assert len(hashes) == 1
