@@ -119,6 +119,9 @@ def _write_files(ctx, float_model, int8_model, qconfig, model_name, data):
                      qconfig.get("float_layers", []), {**meta, "precision": "int8", "source_sha256": source_sha,
                                                        "quantization": how})
         stop_if_asked("after writing model.ptq.onnx")
+    elif os.path.isfile(ctx.run.path(OUTPUTS["ptq"])):  # an earlier export's, of another model: never left beside
+        os.remove(ctx.run.path(OUTPUTS["ptq"]))
+        log.info("export: removed %s, an earlier export's (export.ptq is false now)", OUTPUTS["ptq"])
     return paths
 
 

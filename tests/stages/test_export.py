@@ -91,6 +91,16 @@ def test_export_latency_threads_makes_the_verdict_and_the_float_layer_choice_wei
     assert qat["mixed_precision"]["mode"] == "latency-aware (batch 8, 1 thread)"
 
 
+def test_turning_ptq_off_removes_the_earlier_exports_ptq_file_rather_than_leave_it_beside(run_copy, tiny_config):
+    """export.ptq=false: the model.ptq.onnx an earlier export wrote (of that run's model) is removed, not left for
+    `compress eval`/`bench` to read as this run's."""
+    assert (run_copy / "export" / "model.ptq.onnx").is_file()
+    result = invoke("run", "-c", tiny_config, "--run-dir", run_copy, "--stages", "export", "--set", "export.ptq=false")
+    assert result.exit_code == 0, result.output
+    assert not (run_copy / "export" / "model.ptq.onnx").exists()
+    assert "removed export/model.ptq.onnx, an earlier export's (export.ptq is false now)" in result.output
+
+
 def test_an_int8_model_not_fast_enough_ends_in_a_verdict_for_the_fp32_file(tmp_path):
     """The fp32 verdict through the whole pipeline: export.min_int8_speedup 100 (no int8 file is 100x faster, so
     the outcome does not hang on how fast this machine is today; the KD tutorial's thin light_cnn at 3x32x32). The
