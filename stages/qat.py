@@ -169,6 +169,11 @@ def choose_float_layers(ctx, float_model, data):
     stop = lambda: interrupt.stop_if_asked("in qat (while timing int8 candidates)")  # noqa: E731
     try:
         layers, figures = mixed_precision.choose_float_layers(timer, float_model, stop=stop)
+    except mixed_precision.Unexportable as error:
+        raise StageFailed(f"qat: {quantized_model(ctx.cfg.model, ctx.cfg.qat.source)} does not export to ONNX once "
+                          f"quantized ({str(error).removeprefix('export: ')}), so the "
+                          "export stage would fail after QAT; choose another model (ResNets, MobileNets, "
+                          "EfficientNets and RegNets export)") from None
     except StageFailed as error:  # a candidate that does not export: quantize everything, as asked by default
         log.warning("qat: could not time the int8 candidates (%s); quantizing every layer", error)
         return [], {"mode": "all int8 (timing failed)"}

@@ -22,6 +22,7 @@ from torch import nn
 
 from compress.deploy.latency import compare_latency
 from compress.deploy.onnx_model import OnnxModel
+from compress.errors import StageFailed
 from compress.quant import fx
 from compress.quant.onnx_export import export_onnx
 
@@ -89,10 +90,17 @@ class Timer:
         self.tmp.cleanup()
 
 
+class Unexportable(StageFailed):
+    """The fp32 or the all-int8 model does not export to ONNX: no choice of float layers is worth timing."""
+
+
 def choose_float_layers(timer, model, margin=0.05, stop=None):
     """(float layer names, figures) - the greedy choice described in the module docstring."""
     groups, layers = candidate_groups(model)
-    fp32_ms, best_ms = timer.compare(("<all>",), ())
+    try:
+        fp32_ms, best_ms = timer.compare(("<all>",), ())
+    except StageFailed as error:  # the export stage would fail the same way, after the training
+        raise Unexportable(str(error)) from None
     figures = {"fp32_ms": round(fp32_ms, 4), "all_int8_ms": round(best_ms, 4), "tried": []}
     chosen = []
     for label, group in groups:

@@ -72,6 +72,45 @@ def native_warnings_to_log():
                 os.write(2, "".join(passed).encode("utf-8", "replace"))
 
 
+@contextlib.contextmanager
+def graph_dumps_dropped():
+    """The TorchScript exporter prints its whole graph to file descriptor 1 when an operator does not export
+    ("Torch IR graph at exception: graph(...", thousands of lines); the error itself says what failed. What it
+    writes there is held in a temporary file and passed on without that dump."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        held = tempfile.TemporaryFile()
+    except (OSError, ValueError, AttributeError):  # no stdout, or no temporary folder: nothing is held
+        yield
+        return
+    with held:
+        os.dup2(held.fileno(), 1)
+        try:
+            yield
+        finally:
+            _flush_c_stdio()
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode("utf-8", "replace")
+            text = text.split("Torch IR graph at exception", 1)[0]
+            if text:
+                os.write(1, text.encode("utf-8", "replace"))
+
+
+def _flush_c_stdio():
+    """fflush(NULL): what C and C++ code buffered for stdout reaches the file it was written for, not the terminal
+    after it is given back."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C library to call (an unusual platform): nothing buffered
+        pass
+
+
 NATIVE_WARNING = re.compile(r"\[W\d{4} ")  # c10's warning prefix: [W<month><day> <time> <thread> <file>:<line>]
 
 
@@ -109,7 +148,7 @@ def _trace(model, example, path, opset):  # noqa: D401 - used by compress.quant.
 
     buffer = io.BytesIO()
     try:
-        with _quiet_legacy_exporter(), native_warnings_to_log(), torch.no_grad():
+        with _quiet_legacy_exporter(), native_warnings_to_log(), graph_dumps_dropped(), torch.no_grad():
             torch.onnx.export(model.eval(), (example,), buffer, dynamo=False,
                               opset_version=min(opset, EXPORTER_MAX_OPSET),
                               input_names=["input"], output_names=["logits"],

@@ -139,3 +139,27 @@ def test_the_real_timer_builds_times_and_chooses_among_a_depthwise_models_int8_c
     assert set(chosen) <= {"0", "2", "4", "8"}  # the stem may grow into a float prefix (layer "2", then "4")
     # fp32, all int8 and at least one trial were each exported and run in onnxruntime
     assert {("<all>",), ()} < set(timer.sessions)
+
+
+def test_a_model_whose_int8_graph_does_not_export_is_refused_before_training_without_a_graph_dump(capfd):
+    """A batch norm that follows no convolution (DenseNet's BN-ReLU-Conv order) becomes quantized::batch_norm2d_relu,
+    which the ONNX exporter does not know: the all-int8 candidate fails, so the choice raises Unexportable (the
+    qat stage stops there, before training, with one sentence) - and the exporter's thousands-of-lines graph dump
+    does not reach stdout."""
+    import torch
+    from torch import nn
+
+    from compress.quant.mixed_precision import Timer, Unexportable
+    from compress.run.config import load_config
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2)).eval()
+    images = torch.randn(16, 3, 16, 16)
+    timer = Timer(model, list(images.split(8)), images[:8], load_config(None).qat, threads=1)
+    try:
+        with pytest.raises(Unexportable, match="batch_norm2d_relu"):
+            choose_float_layers(timer, model)
+    finally:
+        timer.close()
+    assert "Torch IR graph" not in capfd.readouterr().out
