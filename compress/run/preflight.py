@@ -18,6 +18,12 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
     `download`: fetch torchvision weights named by model.*_weights into torch's cache when missing (a dry run
     does not: it only says it would)."""
     found = []
+    if cfg.train.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            found.append("train.device (--device): cuda was asked for but torch sees no CUDA device; use --device "
+                         "cpu or auto")
     data = cfg.data
     for key, folder in _image_folders(data, stage_names):
         if run_root and _inside(run_root, folder):

@@ -235,3 +235,11 @@ def test_torchvision_weights_are_needed_only_by_the_stage_that_reads_them_and_of
     monkeypatch.delenv("COMPRESS_OFFLINE")
     (note,) = check(cfg, ["teacher"], 1, download=False)["weights"]
     assert "is not in torch's cache yet; `compress run` downloads it to" in note
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is there: --device cuda is fine")
+def test_a_dry_run_refuses_device_cuda_without_a_cuda_device_as_the_run_does(tmp_path):
+    result = invoke("run", "--dry-run", "--run-dir", tmp_path / "run", "--device", "cuda")
+    assert result.exit_code == 2, result.output
+    assert "train.device (--device): cuda was asked for but torch sees no CUDA device" in result.output
+    assert not (tmp_path / "run").exists()
