@@ -103,10 +103,11 @@ class CompressGroup(click.Group):
             if isinstance(e, OSError) and write_problem(e):  # a write compress does not make itself (a library's)
                 echo(f"error: {write_problem(e)}", err=True)
                 ctx.exit(2)
-            if "RANK" in os.environ and is_peer_loss(e):
+            if "RANK" in os.environ and is_peer_loss(e):  # the stage is recorded interrupted: exit as one
                 echo(f"error [rank {os.environ['RANK']}]: lost contact with another worker ({first[:160]}); "
                      "with --max-restarts N torchrun restarts the group, which resumes from the last checkpoint",
                      err=True)
+                ctx.exit(EXIT_INTERRUPTED)
             else:
                 echo(f"error: unexpected {e.__class__.__name__}: {first} (rerun with --debug for the traceback)",
                      err=True)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -100,6 +101,22 @@ def test_a_lost_worker_restarts_the_group_which_resumes_identically(ddp_run, tin
     a, _ = read_weights(reference / "teacher" / "model.safetensors")
     b, _ = read_weights(run / "teacher" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_worker_that_loses_its_peer_exits_as_interrupted_not_failed(tiny_config, tmp_path):
+    """kill -9 of rank 1 without restarts: rank 0 loses contact, says so in one line and exits 130 (interrupted,
+    as the stage is recorded and resumed), not 1 (a stage that failed its own check)."""
+    run = tmp_path / "lost"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts",
+         "0", "--log-dir", str(tmp_path / "elastic"), FAULTS, "run", "-c", tiny_config, "--run-dir", str(run),
+         "--stages", "teacher"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "COMPRESS_FAULT": "teacher:1:6:kill:1"})
+    assert proc.returncode != 0
+    assert "error [rank 0]: lost contact with another worker" in proc.stderr, proc.stderr[-3000:]
+    assert re.search(r"exitcode\s*: 130 \(pid", proc.stderr), proc.stderr[-3000:]
+    assert json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["status"] == "interrupted"
 
 
 def test_a_replica_that_drifts_fails_the_stage(tiny_config, tmp_path):
