@@ -552,6 +552,9 @@ def load_config(path=None, overrides=(), follow_links=True, run_config=False):
         if isinstance(value, str) and value != text.strip() and not text.strip().startswith(("'", '"')) \
                 and not _numeric_text(value):  # (YAML 1.1 reads 1e-3 as text: `1e-3 # lower` stays the number)
             value = text.strip()  # YAML would cut or rewrite it (`/photos #2` loses ` #2`): text as typed
+        elif isinstance(value, (dict, list)) and schema.takes_text_only(Config, key.strip()) \
+                and not text.strip().startswith(("{", "[")):
+            value = text.strip()  # a path with ': ' in it (`/photos/trip: day 1`) is a path, not a mapping
         section = schema.section_type(Config, key.strip()) if value is None else None
         if section:
             example = f"{key.strip()}.{dataclasses.fields(section)[0].name}"

@@ -185,6 +185,23 @@ def section_type(cls, dotted):
     return tp if dataclasses.is_dataclass(tp) else None
 
 
+def value_type(cls, dotted):
+    """The annotation of the value 'a.b' names in `cls` (Optional[str], int, ...), or None when it names a section
+    or nothing."""
+    tp = cls
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(tp) or part not in {f.name for f in dataclasses.fields(tp)}:
+            return None
+        tp = typing.get_type_hints(tp)[part]
+    return None if dataclasses.is_dataclass(tp) else tp
+
+
+def takes_text_only(cls, dotted):
+    """Whether the value 'a.b' names is text (or null) and nothing else: a path, a name."""
+    tp = value_type(cls, dotted)
+    return tp is not None and set(typing.get_args(tp) or (tp,)) <= {str, type(None)}
+
+
 def set_path(raw, dotted, value):
     """Set `a.b.c = value` inside nested dicts, creating mappings on the way."""
     keys = dotted.split(".")
