@@ -2,7 +2,7 @@
 run under a time limit, and its exit code, wall time and last line printed as a Markdown table - what a user sees
 today. The tests (named in the last column) pin each behaviour; this script shows them side by side.
 
-    python benchmarks/hostile_inputs.py --work /tmp/hostile > /tmp/hostile.md     # about 4 minutes on 2 cores
+    python benchmarks/hostile_inputs.py --work /tmp/hostile > /tmp/hostile.md     # about 5 minutes on 2 cores
 
 A case passes when the command ends within the limit, exits as expected (non-zero for input it cannot use), prints
 no traceback and no raw control character, and says what the case is about (the `expect` text).
@@ -606,6 +606,83 @@ def tiny_std(w):
 def all_float(w):
     return ["run", "--run-dir", copy_run(w, "r_allfloat"), "--stages", "qat", "--set",
             "qat.float_layers=[stem, block1, block2, classifier]"]
+
+
+# -- found by reading the data, run and deploy paths as a user would (one case per defect fixed) -------------------
+
+@case("wrong result", "Kaggle's Training/ and Testing/ split folders (were two classes)", "Training/ and Testing/", 0,
+      "tests/data/test_imagefolder.py")
+def kaggle_splits(w):
+    root = os.path.join(w, "photos_kaggle")
+    photos_tree(root)
+    os.rename(os.path.join(root, "train"), os.path.join(root, "Training"))
+    os.rename(os.path.join(root, "val"), os.path.join(root, "Testing"))
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_kaggle"), "--set", f"data.root={root}", "--dry-run"]
+
+
+@case("wrong result", "images directly in train/, beside the class folders (were dropped silently)",
+      "in no class folder", 0, "tests/data/test_imagefolder.py")
+def loose_images(w):
+    root = photos_tree(os.path.join(w, "photos_loose"))
+    shutil.copy(os.path.join(root, "train", "cat", "0.jpg"), os.path.join(root, "train", "loose.jpg"))
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_loose"), "--set", f"data.root={root}", "--dry-run"]
+
+
+@case("one sentence", "a 108-megapixel phone photo (12000 x 9000): `compress predict` (was refused as a bomb)",
+      "phone108.jpg:", 0, "tests/deploy/test_imageio.py")
+def phone_photo(w):
+    from PIL import Image
+
+    path = os.path.join(w, "phone108.jpg")
+    Image.new("RGB", (12000, 9000), (90, 120, 150)).save(path, quality=80)
+    return ["predict", os.path.join(w, "base"), path]
+
+
+@case("wrong result", "a quoted recursive glob `'imgs/**'`: `compress predict` (folders were unreadable images)",
+      "b.png:", 0, "tests/deploy/test_evaluate.py")
+def recursive_glob(w):
+    os.makedirs(os.path.join(w, "imgs", "sub"))
+    shutil.copy(os.path.join(w, "digit.png"), os.path.join(w, "imgs", "a.png"))
+    shutil.copy(os.path.join(w, "digit.png"), os.path.join(w, "imgs", "sub", "b.png"))
+    with open(os.path.join(w, "imgs", "readme.txt"), "w") as f:
+        f.write("x")
+    return ["predict", os.path.join(w, "base"), os.path.join(w, "imgs", "**")]
+
+
+@case("one sentence", "a file where the run's pixel cache folder goes", "is a file where compress keeps", 2,
+      "tests/data/test_pixels.py")
+def file_for_cache(w):
+    root = photos_tree(os.path.join(w, "photos_cachefile"))
+    args = [*PHOTOS, "--run-dir", os.path.join(w, "r_cachefile"), "--set", f"data.root={root}", "--stages", "teacher"]
+    run(["run", *args], timeout=300)
+    pixels = os.path.join(w, "r_cachefile", "cache", "pixels")
+    folder = os.path.join(pixels, next(n for n in sorted(os.listdir(pixels)) if n.startswith("train-")))
+    shutil.rmtree(folder)
+    with open(folder, "w") as f:
+        f.write("x")
+    return ["run", *args, "--force"]
+
+
+@case("lost", "`--stages qat --set data.unlabeled=...`: the next plain run (was: distill, qat, export to redo)",
+      "distill  skip", 0, "tests/run/test_pipeline.py")
+def unread_set_saved(w):
+    run_dir = copy_run(w, "r_unread_set")
+    extra = photos_tree(os.path.join(w, "extra_unread"), classes=("x",), train=4, val=0)
+    run(["run", "--run-dir", run_dir, "--stages", "qat", "--force", "--set",
+         f"data.unlabeled={os.path.join(extra, 'train', 'x')}"], timeout=300)
+    return ["run", "--run-dir", run_dir, "--dry-run"]
+
+
+@case("message", "`--device cuda --dry-run` where torch sees no CUDA device (was a plan, exit 0)", "no CUDA device",
+      2, "tests/run/test_preflight.py")
+def dry_run_cuda(w):
+    return ["run", "--run-dir", os.path.join(w, "r_cuda"), "--device", "cuda", "--dry-run"]
+
+
+@case("lost", "`export.ptq=false` after an export that wrote model.ptq.onnx (was left beside, another model's)",
+      "removed export/model.ptq.onnx", 0, "tests/stages/test_export.py")
+def stale_ptq(w):
+    return ["run", "--run-dir", copy_run(w, "r_noptq"), "--stages", "export", "--set", "export.ptq=false"]
 
 
 def main():
