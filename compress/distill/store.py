@@ -75,13 +75,16 @@ class StoreSpec:
     rows_per_chunk: int = ROWS_PER_CHUNK
     teacher_code: str = ""  # sha256 of the teacher's source file when it is the user's code (<module>:<function>):
     # the same weights under edited code give other outputs
+    feature_copy: int = 0  # 1: stored features are the cosine layer's own output, copied before a later in-place op
+    # could change it (`FeatureTap`); stores of features kept before that have no such field and are rebuilt
 
     def _keyed(self):
         """Everything but the number of views: view v is the same pixels whatever the count, so a store of V
         views serves any run of up to V views, and a run wanting more adds views to it. A registry or torchvision
-        teacher has no code digest, and its store keeps the key it had before there was one."""
+        teacher has no code digest, and a store without features no feature_copy: each keeps the key it had before
+        there was one."""
         return {k: v for k, v in dataclasses.asdict(self).items()
-                if k != "views" and not (k == "teacher_code" and not v)}
+                if k != "views" and not (k in ("teacher_code", "feature_copy") and not v)}
 
     @property
     def key(self):
@@ -126,7 +129,8 @@ class StoreSpec:
                  "top_k": "distill.store.top_k changed", "augment": "the augmentation of the views changed",
                  "precision": "the teacher's precision changed", "cosine_layer": "the cosine layer changed",
                  "cosine_width": "the cosine width changed", "rows_per_chunk": "the chunk size changed",
-                 "teacher_code": "the teacher's code changed"}
+                 "teacher_code": "the teacher's code changed",
+                 "feature_copy": "its cosine features were kept before a later in-place layer could change them"}
         for name, value in self._keyed().items():
             if old.get(name) != value:
                 return words.get(name, f"{name} changed")
@@ -502,7 +506,7 @@ def plan_store(folder, env, d, teacher_sha256, teacher_model, teacher, train_set
         augment={"kind": a.kind, "flip": a.flip, "padding": a.padding, "scale": list(a.scale),
                  "view_seed": a.view_seed, "mix": a.mix, "mix_alpha": a.mix_alpha},
         precision=precision.name, cosine_layer=teacher.cosine_layer or "", cosine_width=teacher.cosine_width or 0,
-        teacher_code=teacher_code)
+        teacher_code=teacher_code, feature_copy=1 if teacher.cosine_layer else 0)
     store = TeacherOutputStore(folder, spec)
     plan = store.prepare(env)
     dist.on_main(env, store.check_disk, plan["missing"])

@@ -20,7 +20,9 @@ class FeatureTap:
         def hook(module, inputs, output):
             if not torch.is_tensor(output):
                 raise InputError(f"layer '{name}' returns {type(output).__name__}, not a tensor; pick another layer")
-            self.outputs[name] = output
+            # a copy: the layer after it may change its output in place (ResNet's ReLU(inplace=True) after bn1,
+            # a block's `out += identity`), which would hand the loss the later layer's values instead of this one's
+            self.outputs[name] = output.clone()
         return hook
 
     def remove(self):

@@ -60,8 +60,19 @@ def test_the_teachers_code_is_in_the_key_and_a_teacher_without_code_keeps_its_ke
     the digest was part of the spec (stores already built stay reused)."""
     assert spec(teacher_code="1" * 64).key != spec(teacher_code="2" * 64).key != spec().key
     assert spec(teacher_code="2" * 64).difference(vars(spec(teacher_code="1" * 64))) == "the teacher's code changed"
-    without = {k: v for k, v in vars(spec()).items() if k not in ("views", "teacher_code")}
+    without = {k: v for k, v in vars(spec()).items() if k not in ("views", "teacher_code", "feature_copy")}
     assert spec().key == hashlib.sha256(json.dumps(without).encode()).hexdigest()[:16]
+
+
+def test_a_store_of_cosine_features_kept_before_they_were_copied_is_rebuilt_and_one_without_keeps_its_key():
+    """Cosine features stored before the tap copied its layer's output may hold a later in-place layer's values
+    (a ReLU after a batch norm): such a store (no feature_copy in its spec) is rebuilt, saying why; a store of
+    logits only keeps its key."""
+    with_features = spec(cosine_layer="layer1", cosine_width=64, feature_copy=1)
+    before = {k: v for k, v in vars(with_features).items() if k != "feature_copy"}
+    assert with_features.difference(before) == ("its cosine features were kept before a later in-place layer could "
+                                                 "change them")
+    assert spec(feature_copy=0).key == spec().key
 
 
 @pytest.fixture(scope="module")

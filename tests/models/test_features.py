@@ -37,3 +37,29 @@ def test_a_long_layer_list_shows_the_top_level_first_and_a_near_name_is_suggeste
                                         "the top level; all: conv1, bn1,")
     d = load_config(None, ["distill.cosine.weight=1"]).distill  # cosine.teacher_layer: pool
     assert "the teacher has no layer 'pool'; did you mean 'maxpool' or 'avgpool'?" in layer_problems(d, None, model)[0]
+
+
+def test_a_tapped_layer_keeps_its_own_output_when_the_next_layer_changes_it_in_place():
+    """ResNet's bn1 is followed by ReLU(inplace=True): the tap holds bn1's output (negative values and all), not
+    what the ReLU left in the same tensor - and gradients still flow through it."""
+    torch.manual_seed(0)
+    model = build_model("torchvision:resnet18", (3, 32, 32), 3).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = model.bn1(model.conv1(x))  # before the tap: calling bn1 again would refill it
+    assert float(expected.min()) < 0
+    tap = FeatureTap(model, ["bn1"], role="teacher")
+    try:
+        with torch.no_grad():
+            model(x)
+        assert torch.equal(tap.outputs["bn1"], expected)
+    finally:
+        tap.remove()
+    student = build_model("torchvision:resnet18", (3, 32, 32), 3).train()
+    tap = FeatureTap(student, ["bn1"], role="student")
+    try:
+        student(x)
+        tap.outputs["bn1"].sum().backward()
+        assert student.conv1.weight.grad is not None
+    finally:
+        tap.remove()

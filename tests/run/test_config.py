@@ -174,7 +174,8 @@ def test_a_number_yaml_would_read_in_another_base_is_refused(tmp_path):
 
 def test_a_set_string_keeps_what_yaml_would_cut():
     """--set data.root=/photos #2 is a folder named '/photos #2', not '/photos' and a comment; an anchor or a tag
-    is text too, and so is a path with ': ' in it (YAML would read a mapping) where the key takes only text. Quoted, YAML's quotes still apply."""
+    is text too, and so is a path with ': ' in it (YAML would read a mapping) where the key takes only text.
+    Quoted, YAML's quotes still apply."""
     for text in ("/photos #2", "&a /photos", "!!str /photos", "/photos/trip: day 1"):
         assert load_config(None, ["data.name=imagefolder", f"data.root={text}"]).data.root == os.path.abspath(text)
     assert load_config(None, ["data.name=imagefolder", "data.root='/my photos'"]).data.root == "/my photos"
