@@ -155,10 +155,12 @@ def baseline_made_with(ctx, data, labelled, precision):
     student_inputs = {k: v for k, v in ctx.state.inputs.items()  # not the teacher, nor the unlabelled images
                       if not k.startswith(("teacher/", IMAGE_BYTES_DIGEST))  # (bytes: the fingerprints below)
                       and k not in (Images("unlabeled").input_key, Code("model.teacher").input_key)}
+    clip = ctx.cfg.train.clip_grad_norm  # a part only when set: students alone trained unclipped keep their key
     return {"config": result_hash(ctx.cfg, BASELINE_KEYS, images_followed=False), "weights": student_inputs,
             "images": labelled.fingerprint(), "val": data.val.fingerprint(),
             "precision": [precision.name, precision.layout], "world": ctx.env.world,
-            "device": ctx.env.device.type, "threads": torch.get_num_threads()}
+            "device": ctx.env.device.type, "threads": torch.get_num_threads(),
+            **({"clip_grad_norm": clip} if clip is not None else {})}
 
 
 def _train_baseline(ctx, data, labelled, val, precision):

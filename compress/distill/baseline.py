@@ -19,7 +19,8 @@ PARTS = {"config": "its config (distill settings other than the losses, data, mo
          "images": "the labelled images",
          "val": "the validation images", "precision": "the precision or memory layout",
          "world": "the number of processes", "device": "the device",
-         "threads": "the thread count (CPU results are reproducible only at the same one)"}
+         "threads": "the thread count (CPU results are reproducible only at the same one)",
+         "clip_grad_norm": "train.clip_grad_norm"}
 
 
 def key_of(made_with):

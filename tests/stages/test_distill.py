@@ -266,6 +266,10 @@ def test_the_student_alone_is_reused_when_only_the_teacher_or_the_losses_changed
     assert changed.exit_code == 0 and "the one an earlier run trained" not in changed.stderr  # it depends on lr
     assert "distill: training the student alone again: its config (distill settings other than the losses, data, " \
            "model.student) changed since" in changed.stderr  # retraining it is said
+    clipped = invoke(*base, "--set", "distill.kd.method=hinton", "--set", "distill.lr=0.02",
+                     "--set", "train.clip_grad_norm=0.01")  # how the student alone is trained: not reused
+    assert clipped.exit_code == 0 and "the one an earlier run trained" not in clipped.stderr
+    assert "training the student alone again: train.clip_grad_norm changed since" in clipped.stderr
 
 
 def test_distilled_student_holds_the_student_alone(finished_run):
