@@ -14,7 +14,6 @@ import torch
 
 from compress.data.sampling import train_loader
 from compress.distill import baseline, report
-from compress.distill.logit_losses import LOGIT_LOSSES
 from compress.distill.objective import describe_loss, loss_problems, make_loss
 from compress.distill.store import fill_store, plan_store
 from compress.distill.teacher import FrozenTeacher, StudentWithRegressor, wire_features
@@ -89,6 +88,11 @@ def run(ctx):
     _warn_if_near_chance(env, "the teacher", teacher_acc, data.num_classes,
                          "distilling from it cannot help; train it longer (teacher.epochs) and rerun")
     ctx.begin()
+    views = d.views_for(augmented)
+    if env.is_main and d.views and views < d.views:
+        log.info("distill: %d of distill.views=%d view(s) per image are used: %s", views, d.views,
+                 "without augmentation every view is the same image" if not augmented else
+                 f"{d.epochs} epoch(s) show {views} (a longer run adds the others to the store)")
     teacher_outputs = fill_store(store, plan, teacher, train_set, env, d.batch_size, precision, STORE_FOLDER)
     ddp_student = dist.wrap_ddp(student, env)
     modules = {"student": student.student, **({"regressor": student.regressor} if student.regressor else {})}
@@ -239,7 +243,7 @@ def report_notes(entry, manifest=None, refresh="compress run"):
     """What distilling gained, and - when the student alone is the better one - whether it is the one shipped
     (qat.source: baseline in the qat stage that ran) or the command that ships it."""
     m = entry["metrics"]
-    loss = LOGIT_LOSSES.get(m.get("kd_method"))
     qat = ((manifest or {}).get("stages") or {}).get("qat") or {}
     shipped = qat.get("status") == "complete" and ((qat.get("config") or {}).get("qat") or {}).get("source")
-    return report.gain_notes(m, loss.label if loss else "distillation", refresh, alone_shipped=shipped == "baseline")
+    return report.gain_notes(m, report.losses_label(m), refresh, alone_shipped=shipped == "baseline")
+

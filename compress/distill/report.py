@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from compress.distill.feature_losses import FEATURE_LOSSES
+from compress.distill.logit_losses import LOGIT_LOSSES
 from compress.training import distributed as dist
 from compress.training.paired import mcnemar_p, p_text
 
@@ -100,6 +102,9 @@ def _noise(m):
     told = (f" Of {m['val_images']:,} validation images, {only:,} {'is' if only == 1 else 'are'} right only with the "
             f"distilled student and {m['alone_only_right']:,} only with the student alone (McNemar p "
             f"{p_text(m['gain_p'])})")
+    if only == 0 and m["alone_only_right"] == 0:
+        return told + ": the two students answer every validation image alike (no loss that used the teacher moved " \
+                      "the distilled one, or they learned the same thing)."
     if m["gain_p"] < 0.05:
         return told + ": a difference beyond noise on these images (another seed still moves each student a little)."
     return (told + ": within noise - these images cannot tell the two apart; more validation images, or runs with "
@@ -115,3 +120,14 @@ def _time_gain(m):
         return " It reached the student alone's final accuracy only at its last epoch."
     return (f" From epoch {epoch} of {epochs} on ({epoch / epochs:.0%} of the way through the same learning-rate "
             f"schedule) it stayed at or above the student alone's final accuracy.")
+
+
+def losses_label(m):
+    """The losses that used the teacher, as the report names them ('Hinton KD + cosine loss'); the logit loss
+    alone for a run recorded before its losses were."""
+    logit = LOGIT_LOSSES.get(m.get("kd_method"))
+    if not isinstance(m.get("losses"), list):
+        return logit.label if logit else "distillation"
+    used = [logit.label if term == "kd" and logit else FEATURE_LOSSES[term].label
+            for term in m["losses"] if term == "kd" or term in FEATURE_LOSSES]
+    return " + ".join(used) or "no loss using the teacher"

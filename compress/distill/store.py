@@ -489,8 +489,11 @@ def why_not_stored(d):
         return (f"the {unstored[0]} loss needs the teacher's feature maps, which the store does not keep (kilobytes "
                 "per image)")
     if not (d.loss_weights()["kd"] or any(getattr(d, n).weight for n, loss in FEATURE_LOSSES.items() if loss.stored)):
-        return "no loss needs the teacher"
+        return NO_TEACHER_LOSS
     return ""
+
+
+NO_TEACHER_LOSS = "no loss needs the teacher"
 
 
 def plan_store(folder, env, d, teacher_sha256, teacher_model, teacher, train_set, classes, precision, teacher_code=""):
@@ -517,7 +520,9 @@ def fill_store(store, plan, teacher, train_set, env, batch_size, precision, show
     """Build what the store lacks (or nothing), open it, and return what it cost for the metrics; `shown` is the
     store folder as the log names it."""
     if store is None:
-        if env.is_main:
+        if env.is_main and plan == NO_TEACHER_LOSS:
+            log.info("distill: the teacher is not run: no loss needs it (every distillation weight is 0)")
+        elif env.is_main:
             log.info("distill: the teacher runs on every batch (%s)", plan)
         return {"mode": "teacher on every batch", "why": plan}
     s = store.spec

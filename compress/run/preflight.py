@@ -17,13 +17,7 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
     """The list of problems (empty when the run can start); `run_root`: the run directory it would write;
     `download`: fetch torchvision weights named by model.*_weights into torch's cache when missing (a dry run
     does not: it only says it would)."""
-    found = []
-    if cfg.train.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            found.append("train.device (--device): cuda was asked for but torch sees no CUDA device; use --device "
-                         "cpu or auto")
+    found = _device_problems(cfg)
     data = cfg.data
     for key, folder in _image_folders(data, stage_names):
         if run_root and _inside(run_root, folder):
@@ -103,6 +97,15 @@ def check(cfg, stage_names, world_size, source=None, run_root=None, download=Tru
 
     summary = describe(cfg.data, unlabeled="distill" in stage_names)
     return {**summary, "weights": _not_fetched(cfg, stage_names, source)}
+
+
+def _device_problems(cfg):
+    """--device cuda where torch sees none: refused by the dry run as by the run (`distributed.pick_device`)."""
+    import torch
+
+    if cfg.train.device == "cuda" and not torch.cuda.is_available():
+        return ["train.device (--device): cuda was asked for but torch sees no CUDA device; use --device cpu or auto"]
+    return []
 
 
 WEIGHTS_READ_BY = {"teacher_weights": "teacher", "student_weights": "distill"}  # model.* key -> its stage

@@ -45,3 +45,19 @@ def test_the_report_says_how_to_ship_the_student_alone_when_it_is_better_beyond_
     assert alone_better({k: v for k, v in m.items() if k != "gain_p"}) == ""  # a run from before McNemar
     one = report_notes({"metrics": {**m, "distilled_only_right": 1}})[0]
     assert "Of 1,966 validation images, 1 is right only with the distilled student" in one
+
+
+def test_the_report_names_every_loss_that_used_the_teacher_and_says_when_the_students_answer_alike():
+    """The gain is credited to the losses the run used (a hint-only run is not "standardized KD"), and two
+    students right and wrong on the same images are said to answer alike, not to be "within noise"."""
+    from compress.distill.report import losses_label
+
+    m = {"kd_method": "hinton", "val_acc": 70.0, "baseline_val_acc": 70.0, "teacher_val_acc": 80.0,
+         "gain_points": 0.0, "gain_p": 1.0, "val_images": 500, "distilled_only_right": 0, "alone_only_right": 0}
+    assert losses_label({**m, "losses": ["ce", "kd", "cosine"]}) == "Hinton KD + cosine loss"
+    assert losses_label({**m, "losses": ["ce", "hint"]}) == "FitNets hint"
+    assert losses_label({**m, "losses": ["ce"]}) == "no loss using the teacher"
+    assert losses_label(m) == "Hinton KD"  # a run recorded before its losses were
+    note = report_notes({"metrics": {**m, "losses": ["ce", "hint"]}})[0]
+    assert note.startswith("Distillation (FitNets hint) gained")
+    assert "the two students answer every validation image alike" in note and "within noise" not in note

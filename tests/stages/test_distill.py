@@ -321,3 +321,15 @@ def test_a_users_teacher_whose_code_changed_under_the_same_weights_rebuilds_the_
     assert "distill: running again: the code of model.teacher changed" in second.stderr, second.stderr[-2000:]
     assert "the teacher's code changed" in second.stderr and "reusing the store" not in second.stderr, \
         second.stderr[-2000:]
+
+
+def test_the_log_says_why_fewer_views_are_used_and_when_no_loss_runs_the_teacher(teacher_run, tiny_config, tmp_path):
+    """distill.views=5 over 2 epochs: 2 are used, and the log says why (not a silent '2 view(s)'). With every
+    distillation weight 0 the teacher is not run, and the log says so rather than 'runs on every batch'."""
+    run = copy_of(teacher_run, tmp_path)
+    proc = distill(run, tiny_config, "distill.views=5", in_process=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "distill: 2 of distill.views=5 view(s) per image are used: 2 epoch(s) show 2" in proc.stderr
+    proc = distill(run, tiny_config, "distill.kd.weight=0", "distill.cosine.weight=0", in_process=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the teacher is not run: no loss needs it" in proc.stderr and "runs on every batch" not in proc.stderr
