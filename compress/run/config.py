@@ -169,7 +169,8 @@ class TrainConfig:
                                           "characters); "
                                           "evaluation, with nothing to augment, then runs in the process")
     checkpoint_every: int = _f(0, "also write the resume checkpoint every N steps (0: at the end of each epoch)")
-    progress: bool = _f(True, "show a progress bar on rank 0 when stderr is a terminal")
+    progress: bool = _f(True, "show a progress bar on rank 0 when stderr is a terminal, else a log line every 30 s; "
+                              "false: neither")
     clip_grad_norm: Optional[float] = _f(None, "teacher, distill and QAT training: scale the gradients down to this "
                                                "global L2 norm before each update where theirs is larger (torch's "
                                                "clip_grad_norm_), a guard against the rare batch whose gradients "
@@ -371,7 +372,8 @@ class DistillConfig(SGDRecipe):
     hint: HintConfig = _f(HintConfig(), "FitNets hint")
     views: Optional[int] = _f(None, "fixed augmented views per image; epoch e shows view e mod views, the teacher "
                                     "sees the very pixels the student does, and its outputs are stored per view; "
-                                    "null: as many as epochs (a fresh view every epoch)")
+                                    "null: as many as epochs (a fresh view every epoch); never more views than epochs, "
+                                    "and one without augmentation (the log says when fewer are used)")
     view_seed: int = _f(0, "seed of those views (crops, flips, mixing partners), apart from `seed` so that runs "
                            "with another training seed reuse the stored teacher outputs")
     store: StoreConfig = _f(StoreConfig(), "")
@@ -423,7 +425,8 @@ class QATConfig(OptimConfig):
     per_channel: bool = _f(True, "per-channel symmetric int8 weights (else per-tensor)")
     float_layers: Optional[tuple[str, ...]] = _f(
         None, "layers (module names) to keep in float; null: chosen before training from onnxruntime timings of "
-              "the student (the stem, classifier or depthwise convs stay float when their int8 form is slower); "
+              "the student (the stem, classifier or depthwise convs stay float where that makes the student at least "
+              "5% faster; a float stem may grow into a longer float prefix); "
               "[]: quantize every layer")
     freeze_observers_after: int = _f(1, "stop updating quantization ranges after this many epochs")
     freeze_bn_after: int = _f(1, "freeze batch-norm statistics after this many epochs")
@@ -459,8 +462,9 @@ class ExportConfig:
     int8_min_agreement: float = _f(0.99, "fail if int8 ONNX top-1 agrees with PyTorch int8 on less than this share "
                                     "(a pick within 2 steps of the logits' 8-bit resolution counts as a tie)")
     latency_batch_sizes: tuple[int, ...] = _f((1, 64), "batch sizes for the latency table")
-    latency_repeats: int = _f(30, "most timed runs of a file in each of a latency cell's 5 interleaved rounds (each "
-                                  "round at most 0.05 s a file; reported: the median of the rounds' fastest runs)")
+    latency_repeats: int = _f(30, "most timed runs of a file in each of a latency cell's 5 interleaved rounds (11 when "
+                                  "the verdict times a cell again; each round at most 0.05 s a file; reported: the "
+                                  "median of the rounds' fastest runs)")
     latency_warmup: int = _f(5, "untimed runs before timing")
     latency_threads: Optional[tuple[int, ...]] = _f(
         None, "thread counts the latency table times; null: 1 and every usable core. The verdict and the qat "

@@ -200,9 +200,10 @@ def _fmt_size(value):
 
 
 LATENCY_CAPTION = ("Latency: ms of a call per batch on the most threads measured - the files take turns in 5 "
-                   "interleaved rounds, so a busy machine slows them alike, and each round's fastest call counts, the "
-                   "median over the rounds (the teacher, its fp32 ONNX export, is timed the same way on its own); "
-                   "`compress bench <run directory>` times the files this way too.")
+                   "interleaved rounds (11 in a cell the verdict timed again), so a busy machine slows them alike, "
+                   "and each round's fastest call counts, the median over the rounds (the teacher, its fp32 ONNX "
+                   "export, is timed the same way on its own); `compress bench <run directory>` times the files this "
+                   "way too.")
 
 
 def write_report(run, stages):
