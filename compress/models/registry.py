@@ -79,7 +79,8 @@ SOURCES = {
                           lambda n: n.startswith(sources.TORCHVISION), sources.build_torchvision,
                           sources.torchvision_problem),
     "code": Source("<module>:<function>", "your own code: called with the keyword arguments it names of "
-                                          "num_classes, in_channels, image_size; returns an nn.Module",
+                                          "num_classes, in_channels, image_size (height, width); returns an "
+                                          "nn.Module",
                    lambda n: ":" in n, sources.build_user_model, sources.user_code_problem),
 }
 
