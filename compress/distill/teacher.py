@@ -65,6 +65,10 @@ def feature_shapes(student, teacher, student_layers, teacher_layers, example):
         finally:
             model.train(was_training)
             tap.remove()
+        unused = [layer for layer in layers if layer not in tap.outputs]
+        if unused:
+            raise InputError(f"the {role}'s layer '{unused[0]}' is never called in its forward pass, so it has no "
+                             f"output to learn from; pick a layer it runs (distill.cosine / distill.hint {role}_layer)")
         shapes.update({(role, k): tuple(v.shape[1:]) for k, v in tap.outputs.items()})
     return shapes
 

@@ -13,13 +13,14 @@ class FeatureTap:
         for name in names:
             if name not in modules or not name:
                 raise InputError(f"the {role} has no layer '{name}'; available layers: {layer_list(model)}")
-        self.outputs = {}
+        self.outputs, self.role = {}, role
         self._handles = [modules[name].register_forward_hook(self._keeper(name)) for name in dict.fromkeys(names)]
 
     def _keeper(self, name):
         def hook(module, inputs, output):
             if not torch.is_tensor(output):
-                raise InputError(f"layer '{name}' returns {type(output).__name__}, not a tensor; pick another layer")
+                raise InputError(f"the {self.role}'s layer '{name}' returns {type(output).__name__}, not a tensor; "
+                                 f"pick another layer (distill.cosine / distill.hint {self.role}_layer)")
             # a copy: the layer after it may change its output in place (ResNet's ReLU(inplace=True) after bn1,
             # a block's `out += identity`), which would hand the loss the later layer's values instead of this one's
             self.outputs[name] = output.clone()

@@ -63,3 +63,30 @@ def test_a_tapped_layer_keeps_its_own_output_when_the_next_layer_changes_it_in_p
         assert student.conv1.weight.grad is not None
     finally:
         tap.remove()
+
+
+def test_a_layer_never_called_or_returning_a_tuple_is_named_with_its_model_and_key():
+    """A user's model may hold a module its forward never calls, or one returning a tuple (a GRU): each is one
+    sentence naming the model's role and the keys to change, not a KeyError."""
+    from torch import nn
+
+    from compress.distill.teacher import feature_shapes
+
+    class Student(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.spare, self.rnn = nn.Conv2d(1, 4, 3), nn.Linear(4, 4), nn.GRU(4, 4, batch_first=True)
+            self.head = nn.Linear(4, 2)
+
+        def forward(self, x):
+            h = self.conv(x).mean((2, 3))
+            h, _ = self.rnn(h[:, None])
+            return self.head(h[:, 0])
+
+    teacher = build_model("compact_cnn", (1, 8, 8), 2)
+    x = torch.zeros(2, 1, 8, 8)
+    with pytest.raises(InputError, match=r"the student's layer 'spare' is never called in its forward pass.*"
+                                         r"distill.cosine / distill.hint student_layer"):
+        feature_shapes(Student(), teacher, ["spare"], [], x)
+    with pytest.raises(InputError, match=r"the student's layer 'rnn' returns tuple, not a tensor"):
+        feature_shapes(Student(), teacher, ["rnn"], [], x)
