@@ -799,15 +799,18 @@ NO_RESULT = ("cache_mb", "cache_dir", "download")  # how images are held or fetc
 # keys whose null reproduces what ran before they existed
 AS_BEFORE_WHEN_NULL = ("norm_weight_decay", "latency_threads")
 COVERED_BY_LISTING = ("val_fraction", "split_seed", "limit")  # an image folder's listing digest holds their effect
+UNUSED_BY_AUGMENT = {"none": ("crop_padding", "crop_scale"), "pad_crop": ("crop_scale",),  # data.augment -> keys
+                     "random_resized_crop": ("crop_padding",)}  # it does not read
 
 
 def result_hash(cfg, keys, images_followed):
     """A hash of the stage's config slice as far as it can change the stage's result: without data.cache_mb,
-    data.cache_dir and data.download, without the keys of AS_BEFORE_WHEN_NULL left at null, data.root and
-    data.unlabeled as the folders they name (a trailing slash, a relative path or a link to the same folder is
-    the same folder), data.flip's default as it resolves, and - where the images' listing digest is an input
-    (`images_followed`) - without the keys whose effect that digest already holds. Recorded beside
-    `section_hash`: a completed stage whose config differs only in these is up to date."""
+    data.cache_dir and data.download, without the crop keys data.augment does not read, without the keys of
+    AS_BEFORE_WHEN_NULL left at null, data.root and data.unlabeled as the folders they name (a trailing slash, a
+    relative path or a link to the same folder is the same folder), data.flip's default as it resolves, and -
+    where the images' listing digest is an input (`images_followed`) - without the keys whose effect that digest
+    already holds. Recorded beside `section_hash`: a completed stage whose config differs only in these is up to
+    date."""
     blob = json.dumps(as_it_counts(config_slice(cfg, keys), images_followed), sort_keys=True, allow_nan=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -825,6 +828,8 @@ def as_it_counts(picked, images_followed):
     data = picked.get("data")
     if isinstance(data, dict):
         for key in NO_RESULT + (COVERED_BY_LISTING if images_followed and data.get("name") == "imagefolder" else ()):
+            data.pop(key, None)
+        for key in UNUSED_BY_AUGMENT.get(data.get("augment"), ()):  # crop_padding under random_resized_crop
             data.pop(key, None)
         for key in ("root", "unlabeled"):
             if data.get(key):

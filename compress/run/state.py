@@ -10,6 +10,7 @@ the teacher makes distill, qat and export stale.
 """
 
 import dataclasses
+import json
 import logging
 import os
 from typing import Optional
@@ -168,10 +169,24 @@ def _made_alike(made_with, base):
 def _same_config(recorded, base):
     """Whether a stage recorded (manifest entry or checkpoint) with `recorded`'s config would give the result `base`'s
     does: the same config, or one that differs only where the result cannot (`config.result_hash`: data.cache_mb,
-    the same folder spelled another way...). A record without a result hash (an older version's) must match
-    exactly."""
-    return recorded.get("config_hash") == base["config_hash"] or bool(
-        recorded.get("result_hash") and recorded["result_hash"] == base.get("result_hash"))
+    the same folder spelled another way...). A manifest entry also carries its config slice, compared as it counts
+    today (`as_it_counts`): a rule added since (a path saved absolute now, a key no longer counted) does not make a
+    stage an earlier version finished run again. A record without either (an older version's) must match exactly."""
+    if recorded.get("config_hash") == base["config_hash"] or bool(
+            recorded.get("result_hash") and recorded["result_hash"] == base.get("result_hash")):
+        return True
+    old, new = recorded.get("config"), base.get("config")
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return False
+    followed = _images_followed(base.get("inputs", {}))
+    try:
+        return _canonical(as_it_counts(old, followed)) == _canonical(as_it_counts(new, followed))
+    except (TypeError, ValueError, AttributeError, KeyError):  # a manifest edited by hand: the config changed
+        return False
+
+
+def _canonical(picked):
+    return json.dumps(picked, sort_keys=True, allow_nan=False, default=str)
 
 
 def _as_recorded(inputs, recorded):

@@ -528,3 +528,18 @@ def test_relative_paths_typed_now_are_saved_absolute_and_a_weights_file_spelled_
         assert cfg.model.teacher_weights == spelled
         hashes.add(result_hash(cfg, ("model.teacher_weights", "teacher"), False))
     assert len(hashes) == 1
+
+
+def test_a_crop_key_the_augmentation_does_not_read_changes_no_result():
+    """data.crop_padding under random_resized_crop (and crop_scale under pad_crop) is read by nothing: changing it
+    leaves the result hash, so no finished stage reruns; under the augmentation that reads it, it counts."""
+    from compress.run.config import result_hash
+
+    def h(*sets):
+        return result_hash(load_config(None, ["data.name=digits", *sets]), ("data", "teacher"), False)
+
+    rrc = "data.augment=random_resized_crop"
+    assert h(rrc, "data.crop_padding=8") == h(rrc, "data.crop_padding=4") != h(rrc, "data.crop_scale=[0.5, 1.0]")
+    pad = "data.augment=pad_crop"
+    assert h(pad, "data.crop_scale=[0.5, 1.0]") == h(pad) != h(pad, "data.crop_padding=8")
+    assert h("data.augment=none", "data.crop_padding=8", "data.crop_scale=[0.5, 1.0]") == h("data.augment=none")

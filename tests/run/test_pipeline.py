@@ -206,3 +206,21 @@ def test_a_key_the_running_stage_leaves_out_is_not_saved_so_later_stages_stay_do
     plan = invoke("run", "--run-dir", run_copy, "--dry-run")
     assert plan.exit_code == 0, plan.output
     assert "config changed" not in plan.output
+
+
+def test_a_stage_an_earlier_version_finished_stays_done_when_only_how_its_config_is_hashed_changed(run_copy):
+    """An earlier version hashed the config its own way (a path spelled relative, a key that no longer counts): its
+    manifest's hashes then match nothing, but the config slice it recorded, compared as it counts today, does - so
+    the stage is not run again. A slice that differs where it counts still reruns."""
+    path = run_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for entry in manifest["stages"].values():
+        entry["config_hash"], entry["result_hash"] = "0" * 16, "1" * 16
+    path.write_text(json.dumps(manifest))
+    plan = invoke("run", "--run-dir", run_copy, "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    assert all(f"{stage:<8} skip" in plan.output for stage in ("teacher", "distill", "qat", "export")), plan.output
+    manifest["stages"]["teacher"]["config"]["teacher"]["epochs"] += 1
+    path.write_text(json.dumps(manifest))
+    plan = invoke("run", "--run-dir", run_copy, "--dry-run")
+    assert "teacher  run     config changed (teacher.epochs)" in plan.output, plan.output
