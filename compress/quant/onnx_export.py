@@ -35,74 +35,67 @@ def _quiet_legacy_exporter():
 def native_warnings_to_log():
     """What the exporter's C++ side writes straight to file descriptor 2 ("[W...] Warning: The shape inference
     of prim::TupleConstruct type is missing") routed like the Python libraries' warnings: into the run's log.txt,
-    onto the terminal only with -v. Held in an anonymous temporary file, never a pipe (a full pipe would block
-    the exporter). Only the native warning lines ("[W...") are logged; anything else written there meanwhile (a
-    Python warning shown with -v) is passed on as it was. Where there is no stderr to redirect, or no temporary
-    file to hold it, nothing is captured."""
-    try:
-        if sys.stderr is not None:
-            sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):  # fd 2 closed (`2>&-`)
+    onto the terminal only with -v. Only the native warning lines ("[W...") are logged; anything else written
+    there meanwhile (a Python warning shown with -v) is passed on as it was."""
+    def keep(text):
+        passed = []
+        for line in text.splitlines():
+            if NATIVE_WARNING.match(line):
+                logging.getLogger("py.warnings").warning("%s", line)
+            elif line.strip():
+                passed.append(line + "\n")
+        return "".join(passed)
+
+    with _held(2, sys.stderr, keep):
         yield
-        return
-    try:
-        held = tempfile.TemporaryFile()
-    except OSError:  # no writable temporary folder: the warnings stay on the terminal
-        os.close(saved)
-        yield
-        return
-    with held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            if sys.stderr is not None:
-                sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            passed = []
-            for line in held.read().decode("utf-8", "replace").splitlines():
-                if NATIVE_WARNING.match(line):
-                    logging.getLogger("py.warnings").warning("%s", line)
-                elif line.strip():
-                    passed.append(line + "\n")
-            if passed:
-                os.write(2, "".join(passed).encode("utf-8", "replace"))
 
 
 @contextlib.contextmanager
 def graph_dumps_dropped():
     """The TorchScript exporter prints its whole graph to file descriptor 1 when an operator does not export
     ("Torch IR graph at exception: graph(...", thousands of lines); the error itself says what failed. What it
-    writes there is held in a temporary file and passed on without that dump."""
+    writes there is passed on without that dump."""
+    with _held(1, sys.stdout, lambda text: text.split("Torch IR graph at exception", 1)[0]):
+        yield
+
+
+@contextlib.contextmanager
+def _held(fd, stream, keep):
+    """What native code writes to file descriptor `fd` (Python's `stream` on it) meanwhile, held in an anonymous
+    temporary file - never a pipe, which a full buffer would block - and passed on as `keep(text)` returns it.
+    Where the descriptor is closed (`2>&-`), or no temporary file can be made, nothing is held."""
     try:
-        sys.stdout.flush()
-        saved = os.dup(1)
+        if stream is not None:
+            stream.flush()
+        saved = os.dup(fd)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
         held = tempfile.TemporaryFile()
-    except (OSError, ValueError, AttributeError):  # no stdout, or no temporary folder: nothing is held
+    except OSError:
+        os.close(saved)
         yield
         return
     with held:
-        os.dup2(held.fileno(), 1)
+        os.dup2(held.fileno(), fd)
         try:
             yield
         finally:
             _flush_c_stdio()
-            sys.stdout.flush()
-            os.dup2(saved, 1)
+            if stream is not None:
+                stream.flush()
+            os.dup2(saved, fd)
             os.close(saved)
             held.seek(0)
-            text = held.read().decode("utf-8", "replace")
-            text = text.split("Torch IR graph at exception", 1)[0]
+            text = keep(held.read().decode("utf-8", "replace"))
             if text:
-                os.write(1, text.encode("utf-8", "replace"))
+                os.write(fd, text.encode("utf-8", "replace"))
 
 
 def _flush_c_stdio():
-    """fflush(NULL): what C and C++ code buffered for stdout reaches the file it was written for, not the terminal
-    after it is given back."""
+    """fflush(NULL): what C and C++ code buffered reaches the file it was written for, not the terminal after the
+    descriptor is given back."""
     try:
         import ctypes
 

@@ -175,25 +175,27 @@ def get_path(raw, dotted, default=_NONE):
     return node
 
 
-def section_type(cls, dotted):
-    """The dataclass of the section 'a.b' names in `cls`, or None when it names a value or nothing."""
+def _annotation(cls, dotted):
+    """The annotation 'a.b' names in `cls` (a section's dataclass or a value's type), or None when it names nothing."""
     tp = cls
     for part in dotted.split("."):
         if not dataclasses.is_dataclass(tp) or part not in {f.name for f in dataclasses.fields(tp)}:
             return None
         tp = typing.get_type_hints(tp)[part]
+    return tp
+
+
+def section_type(cls, dotted):
+    """The dataclass of the section 'a.b' names in `cls`, or None when it names a value or nothing."""
+    tp = _annotation(cls, dotted)
     return tp if dataclasses.is_dataclass(tp) else None
 
 
 def value_type(cls, dotted):
     """The annotation of the value 'a.b' names in `cls` (Optional[str], int, ...), or None when it names a section
     or nothing."""
-    tp = cls
-    for part in dotted.split("."):
-        if not dataclasses.is_dataclass(tp) or part not in {f.name for f in dataclasses.fields(tp)}:
-            return None
-        tp = typing.get_type_hints(tp)[part]
-    return None if dataclasses.is_dataclass(tp) else tp
+    tp = _annotation(cls, dotted)
+    return None if tp is None or dataclasses.is_dataclass(tp) else tp
 
 
 def takes_text_only(cls, dotted):

@@ -82,17 +82,22 @@ def test_no_process_group_thread_is_left_running_when_a_worker_exits(ddp_run):
     _assert_no_group_thread_at_exit(ddp_run[2])
 
 
+def kill_rank_1(tiny_config, run, tmp_path, restarts):
+    """The teacher stage on 2 processes launched by torchrun, rank 1 killed (-9) at its 6th step."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts",
+         str(restarts), "--log-dir", str(tmp_path / "elastic"), FAULTS, "run", "-c", tiny_config, "--run-dir",
+         str(run), "--stages", "teacher"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "COMPRESS_FAULT": "teacher:1:6:kill:1"})
+
+
 def test_a_lost_worker_restarts_the_group_which_resumes_identically(ddp_run, tiny_config, tmp_path):
     """kill -9 of rank 1 mid-epoch; --max-restarts 1 restarts both workers, which resume from the last
     checkpoint and end with the weights of the uninterrupted 2-process run."""
     reference, _, _, _ = ddp_run
     run = tmp_path / "lost"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts",
-         "1", "--log-dir", str(tmp_path / "elastic"), FAULTS, "run", "-c", tiny_config, "--run-dir", str(run),
-         "--stages", "teacher"],
-        capture_output=True, text=True, timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "COMPRESS_FAULT": "teacher:1:6:kill:1"})
+    proc = kill_rank_1(tiny_config, run, tmp_path, restarts=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "lost contact with another worker" in proc.stderr and "resuming" in proc.stderr
     # rank 0 records the stage as cut off, not failed: no advice to change a setting
@@ -107,12 +112,7 @@ def test_a_worker_that_loses_its_peer_exits_as_interrupted_not_failed(tiny_confi
     """kill -9 of rank 1 without restarts: rank 0 loses contact, says so in one line and exits 130 (interrupted,
     as the stage is recorded and resumed), not 1 (a stage that failed its own check)."""
     run = tmp_path / "lost"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts",
-         "0", "--log-dir", str(tmp_path / "elastic"), FAULTS, "run", "-c", tiny_config, "--run-dir", str(run),
-         "--stages", "teacher"],
-        capture_output=True, text=True, timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "COMPRESS_FAULT": "teacher:1:6:kill:1"})
+    proc = kill_rank_1(tiny_config, run, tmp_path, restarts=0)
     assert proc.returncode != 0
     assert "error [rank 0]: lost contact with another worker" in proc.stderr, proc.stderr[-3000:]
     assert re.search(r"exitcode\s*: 130 \(pid", proc.stderr), proc.stderr[-3000:]
