@@ -14,9 +14,10 @@ import torch
 
 from compress.data.sampling import train_loader
 from compress.distill import baseline, report
+from compress.distill.feature_losses import FEATURE_LOSSES
 from compress.distill.objective import describe_loss, loss_problems, make_loss
 from compress.distill.store import fill_store, plan_store
-from compress.distill.teacher import FrozenTeacher, StudentWithRegressor, wire_features
+from compress.distill.teacher import wire_features
 from compress.fileio import atomic_write_json, sha256_file
 from compress.models.registry import build_model, count_parameters
 from compress.models.weights import load_pretrained, weights_of
@@ -59,13 +60,9 @@ def new_student(cfg, data):
 
 
 def build_pair(cfg, data, teacher_model):
-    """(student with its hint regressor, frozen teacher), wired by layer name; the feature shapes are probed on
-    one example and checked before any training."""
-    student_model = new_student(cfg, data)
-    s_cos, s_hint, t_cos, t_hint, width, regressor = wire_features(cfg.distill, student_model, teacher_model,
-                                                                   data.example())
-    return (StudentWithRegressor(student_model, s_cos, s_hint, regressor),
-            FrozenTeacher(teacher_model, t_cos, t_hint, width))
+    """(student with its feature losses' adapters, frozen teacher), wired by layer name; the feature shapes are
+    probed on one example and checked before any training."""
+    return wire_features(cfg.distill, new_student(cfg, data), teacher_model, data.example())
 
 
 def run(ctx):
@@ -95,7 +92,7 @@ def run(ctx):
                  f"{d.epochs} epoch(s) show {views} (a longer run adds the others to the store)")
     teacher_outputs = fill_store(store, plan, teacher, train_set, env, d.batch_size, precision, STORE_FOLDER)
     ddp_student = dist.wrap_ddp(student, env)
-    modules = {"student": student.student, **({"regressor": student.regressor} if student.regressor else {})}
+    modules = {"student": student.student, **student.adapters}
     optimizer = build_optimizer(student.parameters(), d)
     schedule = Schedule.from_config(d, loader.sampler.batches_per_epoch)
     session = ctx.session(modules, optimizer, schedule.steps_per_epoch, d.epochs, precision=precision)
@@ -148,8 +145,8 @@ def _warn_if_near_chance(env, who, accuracy, classes, advice):
 # What the student trained alone depends on: not the teacher, the distillation losses, the store or the
 # unlabelled images. A rerun that changes only those (another teacher, another logit loss) reuses it.
 BASELINE_KEYS = ("seed", "data", "-data.unlabeled", "model.student", "model.student_weights", "distill",
-                 "-distill.kd", "-distill.cosine", "-distill.hint", "-distill.ce_weight", "-distill.store",
-                 "-distill.baseline")
+                 "-distill.kd", *(f"-distill.{name}" for name in FEATURE_LOSSES), "-distill.ce_weight",
+                 "-distill.store", "-distill.baseline")
 
 
 def baseline_made_with(ctx, data, labelled, precision):

@@ -4,6 +4,7 @@ reference, the log's words and the docs. A loss added to a registry is a loss th
 import dataclasses
 import typing
 
+import pytest
 import torch
 
 import stages
@@ -72,7 +73,7 @@ def test_a_logit_loss_added_to_the_registry_trains_and_is_named(monkeypatch):
             self.fc = torch.nn.Linear(4, 3)
 
         def forward(self, x):
-            return self.fc(x), None, None
+            return self.fc(x), {}  # logits, {feature loss: the student's side}: none wired
 
     from compress.data.imageset import Batch
 
@@ -82,6 +83,46 @@ def test_a_logit_loss_added_to_the_registry_trains_and_is_named(monkeypatch):
     teacher = lambda x: {"logits": torch.zeros(len(x), 3)}  # noqa: E731
     total, terms = make_loss(d, Student(), teacher, None, steps_per_epoch=1)(batch, 0)
     assert calls == [1.0] and set(terms) == {"ce", "kd"} and torch.isfinite(total)
+
+
+def test_a_feature_loss_added_to_the_registry_is_wired_trained_and_named(monkeypatch):
+    """A feature loss is its registry entry plus its config section: with those two, the student and the frozen
+    teacher are tapped at its layers, its term enters the loss with its weight and gradients reach the student,
+    and the log names it; a weight of 0 leaves it out."""
+    from compress.data.datasets import load_data
+    from compress.distill.feature_losses import FeatureLoss
+    from compress.distill.teacher import wire_features
+    from compress.models.registry import build_model
+
+    def attention_map(features, student_shape=None):  # spatial attention (Zagoruyko & Komodakis): a stand-in
+        return torch.nn.functional.normalize(features.pow(2).mean(1).flatten(1), dim=1)
+
+    def attention_loss(student, teacher):
+        return (attention_map(student) - teacher).pow(2).mean()
+
+    monkeypatch.setitem(FEATURE_LOSSES, "attention", FeatureLoss(attention_loss, "attention transfer",
+                                                                 teacher_side=attention_map))
+    sections = {name: config.DistillConfig.__dataclass_fields__[name].default_factory() for name in ("cosine", "hint")}
+    attention = dataclasses.make_dataclass("AttentionConfig", [("weight", float, 0.0), ("student_layer", str, "block1"),
+                                                               ("teacher_layer", str, "layers.2")], frozen=True)
+    distill = dataclasses.make_dataclass("WithAttention", [("attention", attention, dataclasses.field(
+        default_factory=attention))], bases=(config.DistillConfig,), frozen=True)
+    data = load_data(config.load_config(None, ["data.name=digits"]).data, 0)
+    torch.manual_seed(0)
+    teacher_model, student_model = (build_model(name, data.input_shape, 10) for name in ("resnet8", "compact_cnn"))
+    batch = data.train.batch(range(16))
+    for weight in (0.0, 3.0):
+        d = distill(attention=attention(weight=weight), **sections)
+        student, teacher = wire_features(d, student_model, teacher_model, data.example())
+        total, terms = make_loss(d, student, teacher, None, steps_per_epoch=1)(batch, 0)
+        assert ("attention" in terms) == bool(weight)
+        assert ("3 x attention transfer (teacher layers.2, student block1)" in describe_loss(d)) == bool(weight)
+    logits, features = student(batch.x)
+    expected = attention_loss(features["attention"], attention_map(teacher_model.layers(teacher_model.stem(batch.x))))
+    assert terms["attention"] == pytest.approx(expected.item(), rel=1e-5)
+    student_model.zero_grad()
+    total.backward()
+    assert student_model.block1[0][0].weight.grad.abs().sum() > 0
 
 
 def test_registries_agree_cli_config_and_folders():

@@ -25,7 +25,7 @@ def make_loss(d, student, teacher, store, steps_per_epoch):
     needs_teacher = any(weights[term] for term in ("kd", *FEATURE_LOSSES))
 
     def loss_fn(batch, step):
-        logits, *features = student(batch.x)
+        logits, features = student(batch.x)
         t = None
         if needs_teacher:
             t = store.lookup(batch.index, batch.view, logits.device) if store is not None else teacher(batch.x)
@@ -38,9 +38,8 @@ def make_loss(d, student, teacher, store, steps_per_epoch):
             value = kd.loss.fn(logits.float(), t_logits, kd_target(batch, t_logits), kd.resolved_temperature,
                                kd.params)
             terms["kd"] = (weights["kd"] * ramp, value)
-        for (name, loss), mine in zip(FEATURE_LOSSES.items(), features):
-            if weights[name]:
-                terms[name] = (weights[name], loss.fn(mine.float(), t[name].float()))
+        for name, mine in features.items():  # the feature losses the student was wired for: those with a weight
+            terms[name] = (weights[name], FEATURE_LOSSES[name].fn(mine.float(), t[name].float()))
         total = sum(w * value for w, value in terms.values())
         return total, {k: value.item() for k, (_, value) in terms.items()}
 

@@ -70,8 +70,8 @@ class StoreSpec:
     top_k: int  # == classes: every logit is kept
     augment: dict  # the views' parameters (crop, flip, mixing, view seed)
     precision: str  # the autocast the teacher ran under
-    cosine_layer: str = ""
-    cosine_width: int = 0  # 0: no features stored
+    cosine_layer: str = ""  # the stored feature loss's (feature_losses.STORED_FEATURE, the cosine loss) teacher layer
+    cosine_width: int = 0  # and its width; 0: no features stored
     rows_per_chunk: int = ROWS_PER_CHUNK
     teacher_code: str = ""  # sha256 of the teacher's source file when it is the user's code (<module>:<function>):
     # the same weights under edited code give other outputs
@@ -508,8 +508,8 @@ def plan_store(folder, env, d, teacher_sha256, teacher_model, teacher, train_set
         samples=len(train_set), views=a.views, classes=classes, top_k=default_top_k(classes, d.store.top_k),
         augment={"kind": a.kind, "flip": a.flip, "padding": a.padding, "scale": list(a.scale),
                  "view_seed": a.view_seed, "mix": a.mix, "mix_alpha": a.mix_alpha},
-        precision=precision.name, cosine_layer=teacher.cosine_layer or "", cosine_width=teacher.cosine_width or 0,
-        teacher_code=teacher_code, feature_copy=1 if teacher.cosine_layer else 0)
+        precision=precision.name, cosine_layer=teacher.stored_layer, cosine_width=teacher.stored_width,
+        teacher_code=teacher_code, feature_copy=1 if teacher.stored_layer else 0)
     store = TeacherOutputStore(folder, spec)
     plan = store.prepare(env)
     dist.on_main(env, store.check_disk, plan["missing"])

@@ -1,53 +1,66 @@
-"""The models of distillation: the student with its training-only hint regressor, and the frozen teacher whose
-outputs (logits, and the hidden features the cosine and hint losses compare) come from forward hooks on the
-unmodified models."""
+"""The models of distillation: the student with the training-only adapters of its feature losses (the hint's
+regressor), and the frozen teacher whose outputs (logits, and each feature loss's side) come from forward hooks on
+the unmodified models. Both are wired from the registry, `feature_losses.FEATURE_LOSSES`."""
 
 import torch
 from torch import nn
 
-from compress.distill.feature_losses import make_regressor, reduce_width
+from compress.distill.feature_losses import FEATURE_LOSSES, STORED_FEATURE
 from compress.errors import InputError
 from compress.models.features import FeatureTap, layer_list
 
 
 class StudentWithRegressor(nn.Module):
-    """The student plus its training-only hint regressor, trained as one module inside one DDP wrapper (so
-    the regressor's gradients are synchronised too). Returns logits and the features the losses need."""
+    """The student plus the training-only adapters of its feature losses (the hint's regressor), trained as one
+    module inside one DDP wrapper (so the adapters' gradients are synchronised too). Returns the logits and
+    {feature loss: the student's side of it}."""
 
-    def __init__(self, student, cosine_layer=None, hint_layer=None, regressor=None):
+    def __init__(self, student, layers=None, adapters=None):
         super().__init__()
         self.student = student
-        self.regressor = regressor
-        self.cosine_layer, self.hint_layer = cosine_layer, hint_layer
-        self.tap = FeatureTap(student, [n for n in (cosine_layer, hint_layer) if n], role="student")
+        self.layers = dict(layers or {})  # feature loss -> student layer
+        self.adapters = nn.ModuleDict(adapters or {})  # FeatureLoss.adapter_name or the loss's name -> module
+        self._adapter_of = {name: FEATURE_LOSSES[name].adapter_name or name for name in self.layers}
+        self.tap = FeatureTap(student, list(self.layers.values()), role="student")
 
     def forward(self, x):
         logits = self.student(x)
-        cosine = self.tap.outputs.get(self.cosine_layer) if self.cosine_layer else None
-        hint = None
-        if self.hint_layer and self.regressor is not None:
-            features = self.tap.outputs[self.hint_layer]
-            hint = self.regressor(features.flatten(1) if isinstance(self.regressor, nn.Linear) else features)
-        return logits, cosine, hint
+        features = {}
+        for name, layer in self.layers.items():
+            out = self.tap.outputs[layer]
+            adapter = self.adapters[self._adapter_of[name]] if self._adapter_of[name] in self.adapters else None
+            features[name] = out if adapter is None else adapter(
+                out.flatten(1) if isinstance(adapter, nn.Linear) else out)
+        return logits, features
 
 
 class FrozenTeacher:
     """The teacher in eval mode, without gradients, never wrapped in DDP. Called on a batch, it returns its
-    logits and, when asked for, the cosine layer's output reduced to `cosine_width` and the hint layer's
-    feature map."""
+    logits and, for each feature loss it was wired for, its side of that loss (`FeatureLoss.teacher_side` of the
+    layer's output, given the student's feature shape)."""
 
-    def __init__(self, teacher, cosine_layer=None, hint_layer=None, cosine_width=None):
+    def __init__(self, teacher, layers=None, student_shapes=None):
         self.model = teacher.eval().requires_grad_(False)
-        self.cosine_layer, self.hint_layer, self.cosine_width = cosine_layer, hint_layer, cosine_width
-        self.tap = FeatureTap(teacher, [n for n in (cosine_layer, hint_layer) if n], role="teacher")
+        self.layers = dict(layers or {})  # feature loss -> teacher layer
+        self.student_shapes = dict(student_shapes or {})  # feature loss -> the student side's shape
+        self.tap = FeatureTap(teacher, list(self.layers.values()), role="teacher")
+
+    @property
+    def stored_layer(self):
+        """The teacher layer of the feature loss the store keeps ('' when it is off)."""
+        return self.layers.get(STORED_FEATURE, "")
+
+    @property
+    def stored_width(self):
+        """The width of what the store keeps per image for that loss (0 when it is off)."""
+        shape = self.student_shapes.get(STORED_FEATURE)
+        return int(torch.Size(shape).numel()) if self.stored_layer and shape else 0
 
     @torch.no_grad()
     def __call__(self, x):
         out = {"logits": self.model(x)}
-        if self.cosine_layer:
-            out["cosine"] = reduce_width(self.tap.outputs[self.cosine_layer], self.cosine_width)
-        if self.hint_layer:
-            out["hint"] = self.tap.outputs[self.hint_layer]
+        for name, layer in self.layers.items():
+            out[name] = FEATURE_LOSSES[name].teacher_side(self.tap.outputs[layer], self.student_shapes[name])
         return out
 
 
@@ -77,7 +90,7 @@ def layer_problems(d, student, teacher):
     """Each layer the feature losses of distill config `d` name that its model does not have, as one line naming
     the key (checked before anything is written; `teacher` may be None when it is not needed)."""
     found = []
-    for loss in ("cosine", "hint"):
+    for loss in FEATURE_LOSSES:
         if not getattr(d, loss).weight:
             continue
         for role, model in (("teacher", teacher), ("student", student)):
@@ -94,21 +107,45 @@ def layer_problems(d, student, teacher):
 
 
 def wire_features(d, student, teacher, example):
-    """The feature losses of distill config `d` wired by layer name: (student cosine layer, student hint layer,
-    teacher cosine layer, teacher hint layer, cosine width, hint regressor), None where a loss is off. The
-    shapes are probed with one forward pass of `example` in eval mode; layers whose shapes cannot be matched are
-    an InputError, before any training."""
-    s_cos, t_cos = (d.cosine.student_layer, d.cosine.teacher_layer) if d.cosine.weight else (None, None)
-    s_hint, t_hint = (d.hint.student_layer, d.hint.teacher_layer) if d.hint.weight else (None, None)
-    shapes = feature_shapes(student, teacher, [n for n in (s_cos, s_hint) if n], [n for n in (t_cos, t_hint) if n],
-                            example)
-    width, regressor = None, None
-    if t_cos:
-        width = int(torch.Size(shapes[("student", s_cos)]).numel())
+    """(student with its adapters, frozen teacher) for distill config `d`, each feature loss whose weight is not 0
+    wired by layer name. The shapes are probed with one forward pass of `example` in eval mode; layers whose shapes
+    cannot be matched are an InputError naming the loss's section, before any training."""
+    active = [name for name in FEATURE_LOSSES if getattr(d, name).weight]
+    s_layers = {name: getattr(d, name).student_layer for name in active}
+    t_layers = {name: getattr(d, name).teacher_layer for name in active}
+    shapes = feature_shapes(student, teacher, list(s_layers.values()), list(t_layers.values()), example)
+    adapters, student_shapes = {}, {}
+    for name in active:
+        loss, section = FEATURE_LOSSES[name], getattr(d, name)
+        s_shape, t_shape = shapes[("student", s_layers[name])], shapes[("teacher", t_layers[name])]
         try:
-            reduce_width(torch.zeros(1, *shapes[("teacher", t_cos)]), width)  # a teacher narrower than the student
+            adapter = loss.adapter(section, s_shape, t_shape)
+            if adapter is not None:
+                adapters[loss.adapter_name or name] = adapter
+                s_shape = _adapted_shape(adapter, s_shape)
+            loss.teacher_side(torch.zeros(1, *t_shape), s_shape)  # e.g. a teacher narrower than the student
         except InputError as e:
-            raise InputError(f"distill.cosine: {e}") from None
-    if t_hint:
-        regressor = make_regressor(d.hint.regressor, shapes[("student", s_hint)], shapes[("teacher", t_hint)])
-    return s_cos, s_hint, t_cos, t_hint, width, regressor
+            message = str(e)
+            raise InputError(message if message.startswith(f"distill.{name}") else f"distill.{name}: {message}") \
+                from None
+        student_shapes[name] = s_shape
+    return (StudentWithRegressor(student, s_layers, adapters), FrozenTeacher(teacher, t_layers, student_shapes))
+
+
+def probe_features(d, student, teacher, example):
+    """Raise what `wire_features` would for these models, and leave them as they were (no hooks kept): the
+    preflight's check on throwaway models that later checks trace."""
+    wired_student, wired_teacher = wire_features(d, student, teacher, example)
+    wired_student.tap.remove()
+    wired_teacher.tap.remove()
+
+
+def _adapted_shape(adapter, shape):
+    """The shape (without the batch) of what `adapter` makes of features of `shape`."""
+    was_training = adapter.training
+    try:
+        with torch.no_grad():
+            probe = torch.zeros(2, *shape)
+            return tuple(adapter.eval()(probe.flatten(1) if isinstance(adapter, nn.Linear) else probe).shape[1:])
+    finally:
+        adapter.train(was_training)

@@ -23,6 +23,7 @@ import yaml
 from compress.data.registry import DATASETS
 from compress.deploy.runtimes import RUNTIMES
 from compress.deploy.runtimes import config_help as runtimes_help
+from compress.distill.feature_losses import FEATURE_LOSSES
 from compress.distill.logit_losses import LOGIT_LOSSES
 from compress.errors import ConfigError, InputError
 from compress.fileio import read_bytes
@@ -386,7 +387,8 @@ class DistillConfig(SGDRecipe):
         problems_if(self._recipe_checks() + [
             between("ce_weight", self.ce_weight, 0, 1e6),
             (sum(self.loss_weights().values()) <= 0,
-             "ce_weight, kd.weight, cosine.weight, hint.weight: at least one must be > 0"),
+             f"ce_weight, kd.weight, {', '.join(f'{name}.weight' for name in FEATURE_LOSSES)}: at least one must be "
+             "> 0"),
             (outside(self.views, 1, 100_000),
              f"views: must be between 1 and 100,000, or null for one per epoch, got {self.views} (the teacher on every "
              "batch is distill.store.enabled: false)"),
@@ -400,8 +402,8 @@ class DistillConfig(SGDRecipe):
 
     def loss_weights(self):
         """{term: weight} of the four distillation terms, nulls resolved; a term of weight 0 is off."""
-        return {"ce": self.resolved_ce_weight, "kd": self.kd.resolved_weight, "cosine": self.cosine.weight,
-                "hint": self.hint.weight}
+        return {"ce": self.resolved_ce_weight, "kd": self.kd.resolved_weight,
+                **{name: getattr(self, name).weight for name in FEATURE_LOSSES}}
 
     def views_for(self, augmented):
         """How many views each image has: 1 without augmentation (every epoch shows the same image), and never

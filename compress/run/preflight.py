@@ -244,17 +244,20 @@ def _output_problem(model, shape, classes):
 
 
 def _feature_problems(cfg, stage_names, built, input_shape):
-    """The cosine and hint losses' layers: a name the student has not, or - when this run trains the teacher
-    first - a teacher layer it has not or feature shapes no regressor can match, fails now, not when distill starts
-    after the teacher's hours. One forward pass of zeros through the throwaway models. A run that starts at distill
-    builds model.teacher's architecture for it: its layer names and shapes do not depend on the weights, so the
-    dry run and the run decide alike."""
+    """The feature losses' layers (the cosine loss's, the hint's): a name the student has not, or - when this run
+    trains the teacher first - a teacher layer it has not or feature shapes no adapter can match, fails now, not
+    when distill starts after the teacher's hours. One forward pass of zeros through the throwaway models. A run
+    that starts at distill builds model.teacher's architecture for it: its layer names and shapes do not depend on
+    the weights, so the dry run and the run decide alike."""
+    from compress.distill.feature_losses import FEATURE_LOSSES
+
     d = cfg.distill
-    if "distill" not in stage_names or not (d.cosine.weight or d.hint.weight) or "model.student" not in built:
+    if "distill" not in stage_names or not any(getattr(d, name).weight for name in FEATURE_LOSSES) \
+            or "model.student" not in built:
         return []
     import torch
 
-    from compress.distill.teacher import layer_problems, wire_features
+    from compress.distill.teacher import layer_problems, probe_features
     from compress.errors import InputError
 
     student, teacher = built["model.student"], built.get("model.teacher")
@@ -271,13 +274,13 @@ def _feature_problems(cfg, stage_names, built, input_shape):
     found = layer_problems(d, student, teacher)
     if not found and teacher is not None:
         try:
-            wire_features(d, student, teacher, torch.zeros(2, *input_shape))
+            probe_features(d, student, teacher, torch.zeros(2, *input_shape))
         except InputError as e:
             found.append(str(e))
         except Exception as e:  # a forward pass that fails on the probe: the models' own checks name it
             found.append(f"distill: probing the feature layers failed ({e.__class__.__name__}: "
-                         f"{str(e).splitlines()[0][:200] if str(e) else ''}); check distill.cosine/hint layers and "
-                         "data.image_size")
+                         f"{str(e).splitlines()[0][:200] if str(e) else ''}); check the distill feature losses' "
+                         "layers and data.image_size")
     return found
 
 

@@ -332,7 +332,7 @@ def store_for(tmp_path, cfg, data, teacher, train_set, top_k=None):
     a = train_set.augment
     spec = StoreSpec("0" * 64, cfg.model.teacher, train_set.fingerprint(), len(train_set), a.views, 10,
                      default_top_k(10, top_k), {"kind": a.kind, "flip": a.flip, "view_seed": a.view_seed}, "fp32",
-                     teacher.cosine_layer or "", teacher.cosine_width or 0, rows_per_chunk=100)
+                     teacher.stored_layer, teacher.stored_width, rows_per_chunk=100)
     store = TeacherOutputStore(str(tmp_path / "store"), spec)
     plan = store.prepare(DistEnv())
     store.build(teacher, train_set, DistEnv(), 64, lambda x: x, plan)

@@ -26,10 +26,11 @@ def setup(*overrides, hint=True):
 
 def test_hint_regressor_trains_with_the_student():
     cfg, data, teacher, student = setup()
-    assert student.regressor is not None
+    assert student.adapters["regressor"] is not None
     loss, _ = make_loss(cfg.distill, student, teacher, None, 10)(data.train.batch(range(32)), 0)
     loss.backward()
-    assert student.regressor.weight.grad is not None and student.regressor.weight.grad.abs().sum() > 0
+    regressor = student.adapters["regressor"]
+    assert regressor.weight.grad is not None and regressor.weight.grad.abs().sum() > 0
     assert all(p.grad is None for p in teacher.model.parameters()), "the teacher must stay frozen"
 
 
@@ -43,5 +44,5 @@ def test_shapes_that_cannot_be_reconciled_fail_before_training():
 def test_frozen_teacher_is_not_changed_from_outside():
     """The cosine width is fixed when the teacher is wrapped (it used to be patched in afterwards)."""
     cfg, data, teacher, student = setup(hint=False)
-    assert isinstance(teacher, FrozenTeacher) and teacher.cosine_width == 64
+    assert isinstance(teacher, FrozenTeacher) and teacher.stored_width == 64
     assert teacher(data.val.batch([0, 1]).x)["cosine"].shape == (2, 64)
