@@ -10,7 +10,6 @@ import torch
 import stages
 from compress import cli
 from compress.data.registry import DATASETS
-from compress.data.registry import DESCRIPTIONS as DATASET_DESCRIPTIONS
 from compress.distill.feature_losses import FEATURE_LOSSES
 from compress.distill.logit_losses import LOGIT_LOSSES
 from compress.distill.objective import describe_loss, make_loss
@@ -45,8 +44,11 @@ def test_model_and_dataset_registries_are_what_compress_models_lists():
     assert all(f"  {name} " in listed for name in MODELS)
     assert all(source.syntax in listed for key, source in SOURCES.items() if key != "registry")
     datasets = listed.split("datasets (data.name):")[1]
-    assert all(f"  {name} " in datasets and DATASET_DESCRIPTIONS[name][:30] in datasets for name in DATASETS)
-    assert set(DATASETS) == set(DATASET_DESCRIPTIONS) == set(config.DATASET_NAMES)
+    assert all(f"  {name} " in datasets and DATASETS[name].description in datasets for name in DATASETS)
+    assert tuple(DATASETS) == config.DATASET_NAMES
+    reference_row = next(line for line in invoke("config", "--reference").output.splitlines()
+                         if line.startswith("| `data.name`"))
+    assert all(f"{name}: {dataset.description}" in reference_row for name, dataset in DATASETS.items())
     assert [source_of(n) for n in ("resnet18_half", "torchvision:resnet18", "mymodels:tiny")] == list(SOURCES.values())
 
 

@@ -272,7 +272,7 @@ def models_cmd():
     Example:
       compress models
     """
-    from compress.data.registry import DESCRIPTIONS as DATASET_DESCRIPTIONS
+    from compress.data.registry import DATASETS
     from compress.models.registry import DESCRIPTIONS, SOURCES
 
     echo("models:")
@@ -282,8 +282,8 @@ def models_cmd():
         if key != "registry":  # its names are the ones above
             echo(f"  {source.syntax:26} {source.summary}")
     echo("datasets (data.name):")
-    for name, text in DATASET_DESCRIPTIONS.items():
-        echo(f"  {name:26} {text}")
+    for name, dataset in DATASETS.items():
+        echo(f"  {name:26} {dataset.description}")
 
 
 def _reads(item, stages):

