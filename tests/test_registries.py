@@ -49,7 +49,25 @@ def test_model_and_dataset_registries_are_what_compress_models_lists():
     reference_row = next(line for line in invoke("config", "--reference").output.splitlines()
                          if line.startswith("| `data.name`"))
     assert all(f"{name}: {dataset.description}" in reference_row for name, dataset in DATASETS.items())
-    assert [source_of(n) for n in ("resnet18_half", "torchvision:resnet18", "mymodels:tiny")] == list(SOURCES.values())
+    for key, source in SOURCES.items():
+        assert source_of(source.example) is source, f"SOURCES['{key}'] does not read its own example name"
+
+
+def test_a_model_source_added_to_the_registry_reads_its_names_before_user_code(monkeypatch):
+    """A new source appended to SOURCES (after `<module>:<function>`, which reads any name with a colon) is still
+    asked first; the config takes its names, the model builds, and no user-code digest is made for it."""
+    from compress.models.registry import Source, build_model
+    from compress.run.state import _digests
+
+    monkeypatch.setitem(SOURCES, "zoo", Source("zoo:<name>", "a model zoo; a test", "zoo:tiny-net/v2",
+                                               lambda n: n.startswith("zoo:"),
+                                               lambda n, c, s, k: torch.nn.Sequential(torch.nn.Flatten(),
+                                                                                      torch.nn.LazyLinear(k)),
+                                               lambda n: None))
+    assert source_of("zoo:tiny-net/v2") is SOURCES["zoo"] and source_of("mymodels:tiny") is SOURCES["code"]
+    cfg = config.load_config(None, ["model.student=zoo:tiny-net/v2"])
+    assert build_model(cfg.model.student, (1, 8, 8), 10)(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    assert _digests(cfg, Code("model.student")) == [(Code("model.student").input_key, "")]
 
 
 def test_a_logit_loss_added_to_the_registry_trains_and_is_named(monkeypatch):

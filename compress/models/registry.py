@@ -50,15 +50,25 @@ DESCRIPTIONS = {
 }
 
 
+def _no_code(name):
+    return ""
+
+
 class Source(NamedTuple):
-    """One way a model name is read: its syntax and, for a name it `matches`, how to `build` it and why it cannot
-    be built (`problem`: a sentence, or None)."""
+    """One way a model name is read: its syntax, a name it reads (`example`, checked by a test), and, for a name it
+    `matches`, how to `build` it, why it cannot be built (`problem`: a sentence, or None) and a digest of the
+    user's code behind it (`digest`: '' when there is none; a stage that builds the model reruns when it
+    changes). `fallback`: tried only after every other source declined the name (`<module>:<function>` reads any
+    name with a colon, so a new source with a prefix of its own is asked first)."""
 
     syntax: str
     summary: str
+    example: str
     matches: Callable
     build: Callable  # build(name, channels, (height, width), num_classes) -> nn.Module
     problem: Callable
+    digest: Callable = _no_code
+    fallback: bool = False
 
 
 def _registry_problem(name):
@@ -68,26 +78,28 @@ def _registry_problem(name):
             + ", or ".join(s.syntax for key, s in SOURCES.items() if key != "registry"))
 
 
-# How model.teacher / model.student are read: the first source whose `matches` accepts the name builds it.
+# How model.teacher / model.student are read: the first source whose `matches` accepts the name builds it (the
+# fallback last).
 SOURCES = {
-    "registry": Source("<name>", "a model of compress's registry (`compress models`)",
+    "registry": Source("<name>", "a model of compress's registry (`compress models`)", "resnet18_half",
                        lambda n: ":" not in n, lambda n, c, s, k: MODELS[n](c, s, k),
                        lambda n: None if n in MODELS else _registry_problem(n)),
     "torchvision": Source("torchvision:<builder>", "any torchvision classification model, e.g. torchvision:resnet50 "
                                                    "(first conv and classifier adapted to your channels and classes; "
                                                    "ImageNet weights: model.*_weights=pretrained)",
-                          lambda n: n.startswith(sources.TORCHVISION), sources.build_torchvision,
-                          sources.torchvision_problem),
+                          "torchvision:resnet18", lambda n: n.startswith(sources.TORCHVISION),
+                          sources.build_torchvision, sources.torchvision_problem),
     "code": Source("<module>:<function>", "your own code: called with the keyword arguments it names of "
                                           "num_classes, in_channels, image_size (height, width); returns an "
                                           "nn.Module",
-                   lambda n: ":" in n, sources.build_user_model, sources.user_code_problem),
+                   "mymodels:tiny", lambda n: ":" in n, sources.build_user_model, sources.user_code_problem,
+                   digest=sources.code_digest, fallback=True),
 }
 
 
 def source_of(name):
     """The SOURCES entry that reads `name`."""
-    return next(source for source in SOURCES.values() if source.matches(name))
+    return next(source for source in sorted(SOURCES.values(), key=lambda s: s.fallback) if source.matches(name))
 
 
 def build_model(name, input_shape, num_classes):

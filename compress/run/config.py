@@ -36,7 +36,8 @@ MAX_SEED = 2**32 - 1
 MIN_TEMPERATURE = 0.05  # a softmax temperature below it turns the softened outputs one-hot and overflows the loss
 MAX_IMAGE_SIZE = 2048
 MAX_BATCH = 65536
-_MODEL_SOURCE = re.compile(r"^(torchvision:[A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?)$")
+# a registry name, or <source or module>:<what it names> (each source checks its own names: models.registry.SOURCES)
+_MODEL_SOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z0-9_][A-Za-z0-9_./-]*)?$")
 
 
 def outside(value, low, high):

@@ -280,9 +280,10 @@ def _digests(cfg, item):
 
         listing = listing_digest(cfg.data, item.key)
         return [(item.input_key, listing), (item.bytes_key, listing and bytes_digest(cfg.data, item.key))]
-    from compress.models.sources import code_digest
+    from compress.models.registry import source_of
 
-    return [(item.input_key, code_digest(getattr(cfg.model, item.key.split(".")[1])))]
+    name = getattr(cfg.model, item.key.split(".")[1])
+    return [(item.input_key, source_of(name).digest(name))]
 
 
 def _modified_inputs(run, inputs):
