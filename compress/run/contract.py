@@ -18,11 +18,19 @@ A worked example - the teacher stage declares
     OUTPUTS = {"model": "teacher/model.safetensors", "metrics": "teacher/metrics.json"}
     def inputs(cfg): return [Images("root"), Code("model.teacher"), File(<weights file>, "model.teacher_weights")]
 
-so: changing `teacher.lr`, `seed` or any `data.*` key but `data.unlabeled` reruns it (the teacher never sees the
-unlabelled images); `train.*` never does (how to run, not what to compute); `ctx.cfg.distill` inside it raises
-UndeclaredConfigRead naming these keys (reading a key it does not declare would let its outputs go stale
-silently); images added to data.root, an edit of the model's own code, or another weights file rerun it through
-`inputs`; and it may write only the two files of OUTPUTS (plus its resume checkpoint under teacher/last/).
+so: changing `teacher.lr`, `seed` or a `data.*` key that changes the pixels it trains on reruns it, and
+`data.unlabeled` does not (the teacher never sees the unlabelled images); `train.*` never does (how to run, not
+what to compute); `ctx.cfg.distill` inside it raises UndeclaredConfigRead naming these keys (reading a key it does
+not declare would let its outputs go stale silently); images added to data.root, an edit of the model's own code,
+or another weights file rerun it through `inputs`; and it may write only the two files of OUTPUTS (plus its
+resume checkpoint under teacher/last/ and, with tensorboard installed, its log under teacher/tensorboard/).
+
+A declared key changes nothing when it cannot change the result: `config.result_hash` compares the slice without
+the keys of `config.NO_RESULT` (how images are held or fetched: data.cache_mb, data.cache_dir, data.download),
+`UNUSED_BY_AUGMENT` (crop keys the chosen data.augment does not read), `AS_BEFORE_WHEN_NULL` left at null (keys
+added later whose null reproduces what ran before), and - where the images' listing digest is an input -
+`COVERED_BY_LISTING` (data.val_fraction, split_seed, limit: the listing already holds their effect). Those
+rules live there, beside the hash, and nowhere else.
 """
 
 import os
