@@ -77,11 +77,12 @@ class LatencyCell:
     """the runtime's intra-op threads"""
     ms: float
     """milliseconds a call: the median over the rounds of each round's fastest call - the figure the report, the
-    verdict and bench show (runs before this version: the median of every call)"""
+    verdict and bench show (export.json files without `round_ms` hold the median of every call here)"""
     images_per_s: float
     """batch / ms"""
     round_ms: Optional[list[float]] = None
-    """each interleaved round's fastest call (absent in runs before this version, like the fields below)"""
+    """each interleaved round's fastest call (absent from export.json files written before it was, like the fields
+    below: readers take them as optional)"""
     median_ms: Optional[float] = None
     """the median of every timed call: above `ms` by what other processes took"""
     min_ms: Optional[float] = None
@@ -165,7 +166,7 @@ class Verdict:
     why: str
     """the reason, in one sentence with the figures"""
     candidates: Optional[list[Candidate]] = None
-    """every file weighed (runs before this version: absent)"""
+    """every file weighed (optional: absent from export.json files written before it was)"""
 
 
 @dataclass

@@ -118,8 +118,8 @@ def test_a_folder_one_level_too_high_or_a_split_among_classes_is_refused(tmp_pat
 
 
 def test_the_class_count_checks_use_and_a_broken_link_among_the_images(tmp_path):
-    """The review's points: preflight counted Train/Val as 2 classes and __MACOSX/ as one (refusing good models
-    and teachers); a dangling image link in the listing was 'unexpected FileNotFoundError', exit 1."""
+    """The class count the checks before training use is the loader's: Train/Val are splits and __MACOSX/ is
+    skipped, not counted as classes; a dangling image link in the listing is one sentence, not a traceback."""
     from compress.data.datasets import num_classes_of
     from compress.data.imagefolder import listing_digest
 

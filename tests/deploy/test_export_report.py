@@ -131,8 +131,8 @@ def without_verdict_key(key):
 
 
 def evil_file_outside(run, tmp):
-    """A working ONNX file outside the run, which a verdict of '../../elsewhere/evil.onnx' reaches: the old code
-    loaded and ran it (exit 0)."""
+    """A working ONNX file outside the run, which a verdict of '../../elsewhere/evil.onnx' reaches: a verdict may
+    name only files inside export/, however the file it reaches would load."""
     (tmp / "elsewhere").mkdir(exist_ok=True)
     shutil.copy(run / "export" / "model.fp32.onnx", tmp / "elsewhere" / "evil.onnx")
     relative = "../../elsewhere/evil.onnx"

@@ -42,7 +42,7 @@ def test_shapes_that_cannot_be_reconciled_fail_before_training():
 
 
 def test_frozen_teacher_is_not_changed_from_outside():
-    """The cosine width is fixed when the teacher is wrapped (it used to be patched in afterwards)."""
+    """The stored feature width is fixed when the teacher is wrapped, from the probed student shape."""
     cfg, data, teacher, student = setup(hint=False)
     assert isinstance(teacher, FrozenTeacher) and teacher.stored_width == 64
     assert teacher(data.val.batch([0, 1]).x)["cosine"].shape == (2, 64)

@@ -32,7 +32,8 @@ def test_torchvision_models_adapt_to_grayscale_and_classes():
 
 
 def test_the_code_digest_follows_the_file_that_defines_the_model(tmp_path, monkeypatch):
-    """The review's point: `pkg:net` re-exported by pkg/__init__.py from pkg/nets.py hashed __init__.py."""
+    """`pkg:net` re-exported by pkg/__init__.py from pkg/nets.py is digested by pkg/nets.py, the file that defines
+    it, not by __init__.py."""
     from compress.models.sources import code_digest
 
     (tmp_path / "zoo").mkdir()

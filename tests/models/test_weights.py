@@ -116,7 +116,8 @@ def test_backbone_only_weights_load_and_the_head_is_trained_from_scratch(tmp_pat
 
 def test_googlenet_weights_with_auxiliary_classifiers_load_into_the_model_built_without_them(tmp_path):
     """compress builds googlenet/inception_v3 without their training-only auxiliary heads (one tensor of scores);
-    the review's point: torchvision's files, which hold them, were then refused as "unexpected keys: aux1..."."""
+    torchvision's files, which hold them, load all the same: the auxiliary tensors are left out, not refused as
+    "unexpected keys: aux1..."."""
     with_aux = torchvision.models.googlenet(weights=None, aux_logits=True, init_weights=True, num_classes=5)
     torch.save(with_aux.state_dict(), tmp_path / "googlenet.pth")
     model = build_model("torchvision:googlenet", (3, 32, 32), 5)

@@ -143,8 +143,8 @@ def test_a_set_for_one_stage_names_the_other_stages_it_leaves_behind(run_copy):
     quiet = invoke("run", "--run-dir", run_copy, "--stages", "export", "--set", "data.eval_crop=1.0", "--set",
                    "data.cache_mb=1")
     assert quiet.exit_code == 0 and "made with another config" not in quiet.stderr, quiet.stderr
-    # the review: a key only a stage left out reads is not written to config.yaml, and a run that skipped every
-    # stage wrote nothing - neither leaves a stage behind
+    # a key only a stage left out reads is not written to config.yaml, and a run that skipped every stage writes
+    # nothing - neither leaves a stage behind
     for args in (["--stages", "qat", "--set", "teacher.epochs=3", "--set", "qat.epochs=1"],
                  ["--stages", "teacher", "--set", "distill.epochs=5"]):
         result = invoke("run", "--run-dir", run_copy, *args)

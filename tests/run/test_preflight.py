@@ -63,8 +63,8 @@ def test_a_feature_loss_layer_that_cannot_work_fails_before_the_teacher_trains(t
 
 @pytest.mark.e2e
 def test_a_weights_file_that_cannot_load_fails_before_the_teacher_trains(tmp_path, tiny_config):
-    # model.student_weights is read by the distill stage: a damaged or mismatched file used to be found only
-    # after the teacher stage had trained (hours, at a user's scale); both are named at once, nothing written
+    # model.student_weights is read by the distill stage: a damaged or mismatched file is named before the teacher
+    # stage trains (hours, at a user's scale); both are named at once, nothing written
     (tmp_path / "damaged.safetensors").write_bytes(b"not a safetensors file")
     torch.save(build_model("compact_cnn", (3, 8, 8), 10).state_dict(), tmp_path / "rgb.pth")
     result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--set", "model.teacher=compact_cnn",
@@ -130,8 +130,8 @@ def test_a_user_model_that_does_not_give_class_scores_is_named_before_anything_r
 
 
 def test_a_teacher_that_fails_on_the_images_is_a_config_error_with_feature_losses_too(tmp_path, monkeypatch):
-    """The review: with a feature loss, preflight probed a teacher its own check had refused, and a teacher whose
-    forward asserts on the image size became "unexpected AssertionError" (exit 1) instead of the config error."""
+    """With a feature loss on, the preflight does not probe a teacher its own check refused, and a teacher whose
+    forward asserts on the image size is the config error (exit 2), not "unexpected AssertionError"."""
     from compress.run.preflight import problems
 
     (tmp_path / "sized.py").write_text(textwrap.dedent("""\

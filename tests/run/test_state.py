@@ -201,8 +201,8 @@ def test_editing_the_code_of_your_model_runs_its_stages_again(run, tmp_path, mon
 
 
 def test_a_checkpoint_written_before_digests_were_followed_still_resumes(run, tmp_path):
-    """The review's point: a resume checkpoint of the previous version has no image digest among its inputs; the
-    interrupted teacher must resume after the upgrade, not start over ("other inputs (images ...) changed")."""
+    """A resume checkpoint recorded without an image digest among its inputs (as versions before digests were
+    followed wrote them) resumes the interrupted teacher, not start it over ("other inputs (images ...) changed")."""
     from PIL import Image
 
     for cls in ("cat", "dog"):
@@ -301,9 +301,9 @@ def test_the_baseline_part_resumes_only_from_a_checkpoint_of_the_same_run(run):
 
 
 def test_parts_resumed_under_a_setting_that_cannot_change_the_result_still_resume_together(run):
-    """The review's cases: the main part stamped by an older version (no result hash), or before data.cache_mb
-    changed, and its baseline resumed and re-stamped since: both parts resume - the baseline used to start over,
-    as its stamp was no longer the main part's to the byte."""
+    """The main part stamped without a result hash (as older versions did), or before data.cache_mb changed, and
+    its baseline resumed and re-stamped since: both parts resume - the baseline's stamp need not be the main
+    part's to the byte, only the same as it counts."""
     sums = complete(run, "teacher", cfg(), [TEACHER])
     run.update_stage("distill", status="interrupted")
     checkpoint(run, "distill", cfg(), epoch=8, step=0, inputs=sums)  # as the previous version wrote it
@@ -401,14 +401,14 @@ def test_a_setting_that_cannot_change_the_result_does_not_run_the_stages_again(t
         result = invoke(*args, "--set", f"data.root={tmp_path / 'img'}", "--set", change)
         assert f"teacher: running again: config changed ({key})" in result.stderr, result.stderr
     result = invoke(*args, "--set", f"data.root={tmp_path / 'link'}/", "--set", "data.cache_mb=1", "--set",
-                    "teacher.lr=0.05")  # the review: the keys that cannot matter were named first
+                    "teacher.lr=0.05")  # only the key that can change the result is named
     assert "teacher: running again: config changed (teacher.lr)" in result.stderr, result.stderr
 
 
 @pytest.mark.e2e
 def test_a_stage_recorded_by_an_older_version_starts_following_its_images_once_skipped(tmp_path):
-    """The review's point: a teacher an older version recorded (no image digest) is skipped after the upgrade -
-    and must then follow its images: a later change to them runs it again."""
+    """A teacher recorded without an image digest (as older versions did) is skipped after the upgrade - and then
+    follows its images: a later change to them runs it again."""
     image_tree(tmp_path / "img")
     args = ["run", "--run-dir", tmp_path / "run", "--stages", "teacher", "--set", "data.name=imagefolder", "--set",
             f"data.root={tmp_path / 'img'}", "--set", "data.image_size=8", "--set", "teacher.epochs=1", "--set",
