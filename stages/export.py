@@ -10,12 +10,12 @@ import tempfile
 
 import torch
 
-from compress import __version__
 from compress.cpus import busy_elsewhere
 from compress.data.sampling import eval_loader
 from compress.deploy import export_report
 from compress.deploy.export_report import ExportReport
 from compress.deploy.latency import latency_table, latency_tables, protocol
+from compress.deploy.onnx_model import deployment_metadata
 from compress.deploy.runtimes import default_runtimes, label
 from compress.errors import CompressError, StageFailed
 from compress.fileio import atomic_write_json
@@ -123,31 +123,6 @@ def _write_files(ctx, float_model, int8_model, qconfig, model_name, data):
         os.remove(ctx.run.path(OUTPUTS["ptq"]))
         log.info("export: removed %s, an earlier export's (export.ptq is false now)", OUTPUTS["ptq"])
     return paths
-
-
-def deployment_metadata(model_name, data):
-    """Everything a deployment needs to turn an image file into the model's input and its output into a class,
-    in order, without guessing (compress.deploy.imageio implements exactly this; so does the snippet in
-    docs/deployment.md)."""
-    channels, height, width = data.input_shape
-    color = "L" if channels == 1 else "RGB"
-    conversion = "8-bit grayscale, L = 0.299 R + 0.587 G + 0.114 B" if channels == 1 else "8-bit RGB"
-    rule = data.resize
-    return {
-        "model": model_name, "dataset": data.name, "class_names": list(data.class_names),
-        "input_name": "input", "layout": "NCHW", "input_dtype": "float32", "input_shape": [channels, height, width],
-        "color": color, "channel_order": "gray" if channels == 1 else "RGB",
-        "resize": rule, "pixel_scale": "1/255", "mean": list(data.mean), "std": list(data.std),
-        "preprocessing": [
-            f"decode the image; convert to {color} ({conversion}; 16-bit or float images: scale to 0..1 first)",
-            f"resize so the shorter side is {rule['shorter_side']} px (bilinear, antialiased, keep the aspect ratio)",
-            f"centre-crop {height}x{width}",
-            "uint8 0..255 -> float32, divide by 255",
-            "subtract mean and divide by std, per channel",
-            "HWC -> CHW, add the batch axis first (NCHW)"],
-        "output": "logits: unnormalised class scores [batch, classes]; softmax gives probabilities; index i is "
-                  "class_names[i]",
-        "compress_version": __version__}
 
 
 def _mixed_precision_figures(ctx):

@@ -1,7 +1,6 @@
 """qat: quantization-aware fine-tuning of the float model (prepare_qat_fx -> DDP -> convert_fx), with an
 accuracy budget against the float model."""
 
-import copy
 import logging
 import math
 
@@ -10,10 +9,10 @@ import torch
 from compress.data.sampling import eval_loader
 from compress.deploy.latency import default_threads, speedup_text
 from compress.deploy.timing import threads_text
-from compress.distill.logit_losses import hinton
 from compress.errors import StageFailed
 from compress.models.registry import build_model, count_parameters
 from compress.quant import fx, mixed_precision
+from compress.quant.objective import frozen_copy, qat_loss
 from compress.run.config import QAT_SOURCES, quantized_model
 from compress.run.contract import Code, Images, Input, StageResult
 from compress.training import distributed as dist
@@ -21,7 +20,6 @@ from compress.training import interrupt
 from compress.training.checkpoint import read_weights, save_weights
 from compress.training.distributed import DistEnv
 from compress.training.loop import evaluate, fit
-from compress.training.losses import label_loss
 from compress.training.schedule import Schedule, build_optimizer
 
 log = logging.getLogger(__name__)
@@ -50,7 +48,7 @@ def run(ctx):
     loader, val = ctx.loaders(data.train, data.val, q.batch_size, "qat.batch_size")
     full_val = eval_loader(data.val, cfg.train.eval_batch_size, 0, 1)
     float_acc = evaluate(float_model.to(env.device), val, env)["val_acc"]  # before prepare: it edits modules
-    reference = _frozen_copy(float_model) if q.kd_weight else None  # the float model QAT distils from
+    reference = frozen_copy(float_model) if q.kd_weight else None  # the float model QAT distils from
 
     example = data.example()
     float_layers, figures = dist.on_main(env, choose_float_layers, ctx, float_model.cpu(), data)
@@ -76,7 +74,7 @@ def run(ctx):
     schedule = Schedule.from_config(q, loader.sampler.batches_per_epoch)
     session = ctx.session({"model": prepared}, optimizer, schedule.steps_per_epoch, q.epochs,
                           extra={"float_layers": float_layers, "mixed_precision": figures})
-    history = fit(ddp_model, make_loss(q, ddp_model, reference), optimizer, loader, schedule, evaluate_fn, session,
+    history = fit(ddp_model, qat_loss(q, ddp_model, reference), optimizer, loader, schedule, evaluate_fn, session,
                   on_epoch_start)
     replicas = dist.check_replicas(env, prepared, "qat")  # buffers too: observers and BN statistics are frozen
     final = history[-1]
@@ -98,34 +96,6 @@ def run(ctx):
     over = metrics["accuracy_drop"] > q.max_accuracy_drop
     dist.fail_if(env, over, _budget_message(ctx, metrics, q, data.num_classes) if over else "")
     return StageResult(metrics, list(OUTPUTS.values()), summary)
-
-
-def make_loss(q, model, reference):
-    """loss(batch, step) -> (total, {term: value}): qat.ce_weight x cross-entropy on the labels plus
-    qat.kd_weight x Hinton KD from `reference`, the frozen float model (None when qat.kd_weight is 0)."""
-
-    def loss_fn(batch, step):
-        logits = model(batch.x)
-        terms = {}
-        if q.ce_weight:
-            terms["ce"] = (q.ce_weight, label_loss(logits, batch, q.label_smoothing))
-        if q.kd_weight:
-            with torch.no_grad():
-                target = reference(batch.x)
-            terms["kd"] = (q.kd_weight, hinton(logits, target, q.kd_temperature))
-        total = sum(w * value for w, value in terms.values())
-        return total, {k: value.item() for k, (_, value) in terms.items()}
-
-    return loss_fn
-
-
-def _frozen_copy(model):
-    """An eval-mode copy of the float model, with no gradients: the target QAT's distillation term keeps the
-    fake-quant model close to (prepare edits the original's modules in place)."""
-    reference = copy.deepcopy(model).eval()
-    for p in reference.parameters():
-        p.requires_grad_(False)
-    return reference
 
 
 def _budget_message(ctx, m, q, classes):

@@ -87,7 +87,6 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
       torchrun --nproc_per_node 2 -m compress run       # the same, launched by hand (or multi-node)
     """
     from compress.run import recipes
-    from compress.run.config import load_config
     from compress.training.distributed import launched_by_torchrun
 
     stage_names = parse_stages(",".join(stages) if stages else ",".join(STAGE_ORDER))
@@ -95,18 +94,7 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
     config_path, note = recipes.resolve(config_path)
     config_path, own_config = _config_source(config_path, run_dir, overrides)
     overrides = list(overrides) + ([f"train.device={device}"] if device else [])
-    try:
-        if own_config:  # another program's folder is named as such, not by its config.yaml's keys
-            from compress.run.rundir import RunDir
-
-            run = RunDir(run_dir)
-            run.check_usable(writing=False)
-            run.manifest()
-        cfg = load_config(config_path, overrides, follow_links=not own_config, run_config=own_config)
-    except CompressError as e:  # every torchrun worker parses the same config: let rank 0 alone say so
-        from compress.errors import MirroredError
-
-        raise e if int(os.environ.get("RANK", 0)) == 0 else MirroredError(str(e), e.exit_code)
+    cfg = _load_run_config(config_path, overrides, run_dir, own_config)
     if dry_run:
         return _dry_run(cfg, config_path, note, run_dir, stage_names, force, nproc_per_node)
     if nproc_per_node > 1 and not launched_by_torchrun():
@@ -123,12 +111,9 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
         log.info("config %s, run directory %s", config_path, run_dir)
         if note:
             log.info("%s", note)
-    # a worker group restarted after losing a worker (by torchrun, or by --max-restarts) resumes instead of redoing
-    # the forced stages
-    from compress.run.launch import ATTEMPT_ENV
+    from compress.run.launch import first_attempt
 
-    force = force and not any(int(os.environ.get(k) or 0) for k in ("TORCHELASTIC_RESTART_COUNT", ATTEMPT_ENV))
-    results = run_pipeline(cfg, run_dir, stage_names, force=force)
+    results = run_pipeline(cfg, run_dir, stage_names, force=force and first_attempt())
     if rank == 0 and results.get("report"):
         from compress.run.report import markdown_table
 
@@ -138,6 +123,25 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
         except CompressError as e:  # the run is done and its table written: not printing it fails nothing
             log.warning("the run is complete, but its table was not printed (%s); it is in %s", str(e).split(";")[0],
                         os.path.join(run_dir, "report.md"))
+
+
+def _load_run_config(config_path, overrides, run_dir, own_config):
+    """The run's config (`own_config`: the run directory's config.yaml, whose folder must be a run's). Every
+    torchrun worker parses the same config: a bad one is said by rank 0 alone."""
+    from compress.run.config import load_config
+
+    try:
+        if own_config:  # another program's folder is named as such, not by its config.yaml's keys
+            from compress.run.rundir import RunDir
+
+            run = RunDir(run_dir)
+            run.check_usable(writing=False)
+            run.manifest()
+        return load_config(config_path, overrides, follow_links=not own_config, run_config=own_config)
+    except CompressError as e:
+        from compress.errors import MirroredError
+
+        raise e if int(os.environ.get("RANK", 0)) == 0 else MirroredError(str(e), e.exit_code)
 
 
 def _dry_run(cfg, config_path, note, run_dir, stage_names, force, world):

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from compress import __version__
 from compress.deploy.imageio import finite_list, load_pixels, normalise, printable
 from compress.errors import InputError
 from compress.fileio import read_bytes
@@ -20,6 +21,32 @@ MAX_ZOOM = 4  # the largest shorter side over crop a resize rule can hold (data.
 REQUIRED_META = ("class_names", "input_shape", "channel_order", "mean", "std")
 INT8_KERNELS = ("QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger", "QLinearAdd",
                 "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+
+
+def deployment_metadata(model_name, data):
+    """Everything a deployment needs to turn an image file into the model's input and its output into a class,
+    in order, without guessing: the metadata export writes into every ONNX file (under META_PREFIX) and `OnnxModel`
+    reads (compress.deploy.imageio implements exactly this; so does the snippet in docs/deployment.md). `data` is
+    the run's DataBundle."""
+    channels, height, width = data.input_shape
+    color = "L" if channels == 1 else "RGB"
+    conversion = "8-bit grayscale, L = 0.299 R + 0.587 G + 0.114 B" if channels == 1 else "8-bit RGB"
+    rule = data.resize
+    return {
+        "model": model_name, "dataset": data.name, "class_names": list(data.class_names),
+        "input_name": "input", "layout": "NCHW", "input_dtype": "float32", "input_shape": [channels, height, width],
+        "color": color, "channel_order": "gray" if channels == 1 else "RGB",
+        "resize": rule, "pixel_scale": "1/255", "mean": list(data.mean), "std": list(data.std),
+        "preprocessing": [
+            f"decode the image; convert to {color} ({conversion}; 16-bit or float images: scale to 0..1 first)",
+            f"resize so the shorter side is {rule['shorter_side']} px (bilinear, antialiased, keep the aspect ratio)",
+            f"centre-crop {height}x{width}",
+            "uint8 0..255 -> float32, divide by 255",
+            "subtract mean and divide by std, per channel",
+            "HWC -> CHW, add the batch axis first (NCHW)"],
+        "output": "logits: unnormalised class scores [batch, classes]; softmax gives probabilities; index i is "
+                  "class_names[i]",
+        "compress_version": __version__}
 
 
 def read_onnx(path):

@@ -108,3 +108,9 @@ def _launch_once(nproc, argv):
     except (SignalException, KeyboardInterrupt):
         return None
     return []
+
+
+def first_attempt():
+    """Whether this is a worker group's first attempt: one restarted after losing a worker (by torchrun, or by
+    --max-restarts) resumes instead of redoing the stages --force asked for."""
+    return not any(int(os.environ.get(k) or 0) for k in ("TORCHELASTIC_RESTART_COUNT", ATTEMPT_ENV))
