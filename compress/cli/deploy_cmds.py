@@ -264,9 +264,12 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
     settings = (None, None, None, None)
     if len(models) == 1 and os.path.isdir(models[0]):
         models, settings = _run_files(models[0])
+    from compress.deploy.evaluate import run_hint
+
     for path in models:
         if not os.path.exists(path) and not str(path).lower().endswith(".onnx"):  # as predict and eval say it
-            raise InputError(f"'{path}' does not exist; pass .onnx files, or a run directory whose export stage ran")
+            usage = "; pass .onnx files, or a run directory whose export stage ran"
+            raise InputError(f"'{path}' does not exist{run_hint(path) or usage}")
         RUNTIMES[runtime].check(path)  # a clear error for a missing or non-ONNX file, or a missing runtime
     batches = _int_list(batch, "--batch", 4096) if batch else list(settings[0] or (1, 64))
     thread_list = _int_list(threads, "--threads", 1024) if threads else list(settings[3] or default_threads())

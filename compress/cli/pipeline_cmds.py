@@ -199,6 +199,7 @@ def stages_cmd(run_dir):
     Example:
       compress stages --run-dir artifacts/default
     """
+    from compress.deploy.evaluate import run_hint
     from compress.run.config import Config
     from compress.run.rundir import RunDir
     from compress.run.state import stage_states
@@ -207,7 +208,7 @@ def stages_cmd(run_dir):
     cfg = Config()
     run = RunDir(run_dir) if run_dir else None
     if run and not os.path.isdir(run.root):
-        raise click.BadParameter(f"'{run_dir}' does not exist", param_hint="--run-dir")
+        raise click.BadParameter(f"'{run_dir}' does not exist{run_hint(run_dir)}", param_hint="--run-dir")
     if run and not run.exists():  # every stage "not run" would read as a run that has not started
         raise click.BadParameter(f"'{run_dir}' is not a compress run directory (no manifest.json)",
                                  param_hint="--run-dir")

@@ -24,6 +24,28 @@ def run_of(path):
     return path
 
 
+RUNS_FOLDER = "artifacts"  # where `compress run` puts a run it is not given a --run-dir for
+
+
+def runs_here(limit=5):
+    """Up to `limit` run directories under ./artifacts/ (folders holding a manifest.json), by name."""
+    try:
+        names = sorted(e.name for e in os.scandir(RUNS_FOLDER) if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+    return [os.path.join(RUNS_FOLDER, n) for n in names
+            if os.path.isfile(os.path.join(RUNS_FOLDER, n, "manifest.json"))][:limit]
+
+
+def run_hint(path):
+    """'; did you mean artifacts/<path>?' when `path` is not a run but names one under ./artifacts/ (a run started
+    with -c photos or --name photos lives in artifacts/photos), else ''."""
+    candidate = os.path.join(RUNS_FOLDER, str(path))
+    if os.sep not in str(path).rstrip(os.sep) and os.path.isfile(os.path.join(candidate, "manifest.json")):
+        return f"; did you mean {candidate}?"
+    return ""
+
+
 def run_files(path):
     """(run directory, {kind: path}) of a run directory or its export/ folder: the files its export verdict
     weighed - fp32 first, then the int8 files - each strictly inside the run's export/ folder; one clear error
@@ -42,13 +64,14 @@ def deployed_file(path):
     """(ONNX file, note): `path` itself, or for a run directory (or its export/ folder) the file its export
     stage recommends - strictly inside the run's export/ folder."""
     if not os.path.exists(path) and not str(path).lower().endswith(".onnx"):  # an .onnx file: "ONNX file not found"
-        raise InputError(f"'{path}' does not exist; pass an .onnx file, or a run directory whose export stage ran")
+        usage = "; pass an .onnx file, or a run directory whose export stage ran"
+        raise InputError(f"'{path}' does not exist{run_hint(path) or usage}")
     if not os.path.isdir(path):
         return path, ""
     run = _export_run(path)
     verdict = export_report.read(run, "verdict")
     file = export_report.deployment_file(run, verdict.file, "verdict.file")
-    return file, f"{verdict.file}, as export recommends: {verdict.why}"
+    return file, f"{verdict.file}, export's choice (compress show {shlex.quote(str(run))} says why)"
 
 
 def _export_run(path):

@@ -74,7 +74,7 @@ def test_predict_and_eval_warn_of_an_export_json_changed_by_hand(run_copy, tmp_p
                f"rerun `compress run --run-dir {run_copy} --stages export --force`")
     predicted = invoke("predict", run_copy, *paths)
     assert predicted.exit_code == 0, predicted.output
-    assert "using other.onnx, as export recommends: all good" in predicted.stderr
+    assert "using other.onnx, export's choice" in predicted.stderr
     assert warning in predicted.stderr and predicted.stderr.count("warning") == 1, predicted.stderr
     (tmp_path / "val" / "0").mkdir(parents=True)
     (tmp_path / "val" / "0" / "a.png").write_bytes((tmp_path / "val0.png").read_bytes())

@@ -63,4 +63,19 @@ def test_without_a_run_directory_the_example_is_the_command_itself(command, tmp_
     monkeypatch.chdir(tmp_path)  # no artifacts/default here
     result = invoke(command)
     assert result.exit_code == 2
-    assert f"holds no run; pass one, e.g. compress {command} artifacts/cifar10" in result.stderr
+    assert f"holds no run; pass one, e.g. compress {command} artifacts/photos" in result.stderr
+
+
+def test_a_run_named_as_run_names_it_is_found_under_artifacts(finished_run, tmp_path, monkeypatch):
+    """`compress run -c photos` (or --name photos) writes artifacts/photos: show, predict, bench and stages given
+    'photos', or nothing while artifacts/default is absent, point at it instead of only saying it is not there."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(finished_run, tmp_path / "artifacts" / "photos")
+    shown = invoke("show")
+    assert shown.exit_code == 2 and "e.g. compress show artifacts/photos (runs here: artifacts/photos)" in shown.stderr
+    for args in (["show", "photos"], ["predict", "photos", "x.png"], ["bench", "photos"],
+                 ["stages", "--run-dir", "photos"]):
+        result = invoke(*args)
+        assert result.exit_code == 2 and "did you mean artifacts/photos?" in result.stderr, (args, result.output)

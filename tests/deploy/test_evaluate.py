@@ -44,7 +44,7 @@ def test_predict_takes_folders_and_globs_and_skips_what_it_cannot_read(finished_
     assert f"skipped: '{tmp_path / 'photos'}' not found (no such file or folder)" in result.stderr
     assert "error: 2 of 8 image(s) could not be read" in result.stderr
     deployed = json.loads((finished_run / "export" / "export.json").read_text())["verdict"]["file"]
-    assert f"using {deployed}, as export recommends" in result.stderr
+    assert f"using {deployed}, export's choice" in result.stderr
 
 
 def test_eval_on_the_validation_images_equals_the_export_stages_own_accuracy(finished_run, tmp_path):

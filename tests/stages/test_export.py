@@ -71,7 +71,7 @@ def test_when_qat_cost_accuracy_the_verdict_deploys_the_post_training_quantized_
     image = run_copy / "digit.png"
     Image.fromarray(np.full((8, 8), 128, dtype=np.uint8)).save(image)
     predicted = invoke("predict", run_copy, image)
-    assert predicted.exit_code == 0 and "using model.ptq.onnx, as export recommends" in predicted.stderr
+    assert predicted.exit_code == 0 and "using model.ptq.onnx, export's choice" in predicted.stderr
 
 
 @pytest.mark.skipif(usable_cpus() < 2, reason="with one CPU the default thread counts are already [1]")
@@ -145,7 +145,7 @@ def test_an_int8_model_not_fast_enough_ends_in_a_verdict_for_the_fp32_file(tmp_p
         run / "report.md").read_text()
     image = next((tmp_path / "img" / "val" / "a").iterdir())
     predicted = invoke("predict", run, image)
-    assert predicted.exit_code == 0 and "using model.fp32.onnx, as export recommends" in predicted.stderr
+    assert predicted.exit_code == 0 and "using model.fp32.onnx, export's choice" in predicted.stderr
     strict = invoke(*base, "--set", "export.require_faster_int8=true")
     assert strict.exit_code == 1, strict.output
     errors = [line for line in strict.stderr.splitlines() if line.startswith("error")]
