@@ -94,13 +94,14 @@ def run(ctx):
     summary = (f"{model_name}: float {float_acc:.2f}%, fake-quant {final['val_acc']:.2f}%, "
                f"int8 {final['int8_acc']:.2f}%")
     over = metrics["accuracy_drop"] > q.max_accuracy_drop
-    dist.fail_if(env, over, _budget_message(ctx, metrics, q, data.num_classes) if over else "")
+    dist.fail_if(env, over, _budget_message(ctx, metrics, q, data.num_classes, len(data.val)) if over else "")
     return StageResult(metrics, list(OUTPUTS.values()), summary)
 
 
-def _budget_message(ctx, m, q, classes):
+def _budget_message(ctx, m, q, classes, images):
     """The accuracy-budget failure, with the keys that change the outcome and values to try."""
     allow = math.ceil(m["accuracy_drop"] + 0.5)
+    one = 100.0 / images  # points a single validation image is worth
     advice = (f"accept the loss with --set qat.max_accuracy_drop={allow} (export then measures onnxruntime's "
               f"post-training quantization beside it, with export.ptq on as by default, and weighs that file against "
               f"fp32 instead if it is more accurate beyond noise), or let QAT recover it: more epochs (--set "
@@ -109,9 +110,13 @@ def _budget_message(ctx, m, q, classes):
     if m["float_acc"] < 2 * chance:
         advice += (f"; the float model itself is at {m['float_acc']:.2f}% (chance: {chance:.1f}%): train the teacher "
                    "and the student longer first (teacher.epochs, distill.epochs)")
+    if one > q.max_accuracy_drop:
+        advice += (f"; one validation image is worth {one:.2f} points here, more than the budget: a single image "
+                   "fails it, so add validation images or allow at least that much")
     return (f"qat: int8 accuracy {m['int8_acc']:.2f}% is {m['accuracy_drop']:.2f} points below the float model's "
-            f"{m['float_acc']:.2f}%, over the budget qat.max_accuracy_drop={q.max_accuracy_drop}; {advice}; outputs "
-            f"kept in {ctx.run.rel(ctx.stage_path())}/ for inspection")
+            f"{m['float_acc']:.2f}% ({round(m['accuracy_drop'] / one)} of {images:,} validation images), over the "
+            f"budget qat.max_accuracy_drop={q.max_accuracy_drop}; {advice}; outputs kept in "
+            f"{ctx.run.rel(ctx.stage_path())}/ for inspection")
 
 
 def report_rows(entry, path):

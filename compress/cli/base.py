@@ -49,9 +49,10 @@ def setup_logging(rank=0):
     # every line escaped (SafeFormatter): file, folder and class names, and messages read from files, reach the
     # terminal through log calls everywhere; one formatter leaves no call site to forget
     handler.setFormatter(SafeFormatter(f"%(asctime)s {prefix}%(message)s", datefmt="%H:%M:%S"))
+    early = _Held(capacity=10_000) if rank == 0 else None  # the lines before the run log opens: config, data
     for name in ("compress", "stages"):
         logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
+        logger.handlers[:] = [handler] + ([early] if early else [])
         logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
         logger.propagate = False
     logging.captureWarnings(True)
@@ -60,6 +61,21 @@ def setup_logging(rank=0):
     warnings_log.setLevel(logging.WARNING)
     loud = _debug["on"] or _debug.get("verbose")
     warnings_log.handlers[:] = [handler] if loud and rank == 0 else [_EARLY]
+
+
+class _Held(logging.handlers.MemoryHandler):
+    """Lines kept in memory until a run's log.txt takes them (compress.run.pipeline._RunLog), at most `capacity`
+    of them: a command that never opens a run log keeps the first lines and drops the rest."""
+
+    def __init__(self, capacity):
+        super().__init__(capacity, flushLevel=logging.CRITICAL + 1)
+
+    def shouldFlush(self, record):
+        return False
+
+    def emit(self, record):
+        if len(self.buffer) < self.capacity:
+            self.buffer.append(record)
 
 
 class CompressGroup(click.Group):

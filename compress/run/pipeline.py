@@ -15,7 +15,7 @@ import time
 import yaml
 
 from compress.data.imagefolder import listed_once
-from compress.errors import CompressError, InputError, Interrupted, StageFailed, is_peer_loss
+from compress.errors import EXIT_INTERRUPTED, CompressError, InputError, Interrupted, StageFailed, is_peer_loss
 from compress.fileio import SafeFormatter, open_append, sha256_file
 from compress.run import preflight, schema
 from compress.run.config import ConfigView, load_config, read_yaml
@@ -104,7 +104,9 @@ class _RunLog:
                 logger.removeHandler(self.held)
                 logger.addHandler(self.file)
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
+        if self.file is not None and exc is not None:  # why the run ended, as the terminal says it, kept with the run
+            self.file.handle(_ending(exc))
         for logger in map(logging.getLogger, self.NAMES):
             for handler in (self.held, self.file):
                 if handler is not None:
@@ -113,6 +115,15 @@ class _RunLog:
             self.file.close()
         self.held.setTarget(None)
         self.held.close()
+
+
+def _ending(exc):
+    """The log record of the error or stop that ends a run (the CLI prints the same words on the terminal)."""
+    stopped = isinstance(exc, (Interrupted, KeyboardInterrupt)) or getattr(exc, "exit_code", None) == EXIT_INTERRUPTED
+    text = str(exc) if isinstance(exc, CompressError) else f"unexpected {type(exc).__name__}: {exc}"
+    return logging.makeLogRecord({"name": "compress", "levelno": logging.WARNING if stopped else logging.ERROR,
+                                  "levelname": "WARNING" if stopped else "ERROR",
+                                  "msg": "%s: %s", "args": ("stopped" if stopped else "error", text)})
 
 
 class _LogFile(logging.StreamHandler):

@@ -2,6 +2,7 @@
 layers and the setting that fixes it."""
 
 import json
+import re
 import shutil
 
 from conftest import invoke
@@ -35,6 +36,10 @@ def test_a_qat_budget_failure_says_which_keys_to_change(finished_run, tmp_path):
     assert "over the budget qat.max_accuracy_drop=0.0; accept the loss with --set qat.max_accuracy_drop=" in message
     assert "(export then measures onnxruntime's post-training quantization beside it" in message
     assert "(--set qat.epochs=4) or a gentler learning rate (--set qat.lr=1)" in message
+    counted = re.search(r"points below the float model's [0-9.]+% \(([0-9]+) of ([0-9,]+) validation images\)", message)
+    images = int(counted.group(2).replace(",", ""))
+    assert f"one validation image is worth {100 / images:.2f} points here, more than the budget" in message
+    assert (run / "log.txt").read_text().strip().splitlines()[-1].endswith(f"ERROR {message}")  # kept with the run
     report = (run / "report.md").read_text()  # the report says qat failed rather than lose its rows
     assert "- qat failed: qat: int8 accuracy" in report
     again = invoke("run", "--run-dir", run, "--stages", "qat")  # a failed run is not taken for an interrupted one
