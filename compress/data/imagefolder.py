@@ -12,7 +12,7 @@ import torch
 
 from compress.data.builtin import _split, augment_of
 from compress.data.imageset import FINGERPRINT_BYTES, UNLABELLED, FileImages, ImageSet
-from compress.data.pixels import unreadable_sentence
+from compress.data.pixels import UnreadableImages, raise_unreadable, unreadable_sentence
 from compress.data.registry import input_shape_of
 from compress.deploy import imageio
 from compress.deploy.folders import SPLIT_FOLDERS, class_folders, loose_images, skipped, split_folders, split_name
@@ -93,8 +93,11 @@ def _scan(cfg):
         train, val = [samples[i] for i in train_idx], [samples[i] for i in val_idx]
         where = (f"{os.path.basename(train_dir)}/ only (no val/ or test/ beside it)" if tree == train_dir
                  else "one folder per class")
+        if tree == train_dir:
+            notes += _unread_beside(root, train_dir)
         layout = f"{where}: {cfg.val_fraction:.0%} held out for validation by data.split_seed"
         given = None
+    _refuse_empty(root, train + val)
     notes += _balance(names, train, val, given) + _turned(train + val)
     trees = [train_dir, os.path.join(root, held_out)] if given else [tree]
     for folder, loose in ((folder, loose_images(folder)) for folder in trees):
@@ -119,6 +122,35 @@ def _unused_splits(root, train_dir, held_out):
     shown = ", ".join(f"{imageio.printable(name)}/" for name in unused)
     return [f"validation uses {held_out}/; {shown} beside it {'is' if len(unused) == 1 else 'are'} not used "
             f"(compress validates on the first of {', '.join(f'{n}/' for n in SPLIT_FOLDERS)} there is)"]
+
+
+def _unread_beside(root, train_dir):
+    """A note naming the folders beside train/ that hold folders of their own but are not read (eval/, holdout/):
+    only the split names compress knows validate, so held-out images under another name would go unused."""
+    unread = sorted(e.name for e in os.scandir(root) if e.is_dir() and not skipped(e.name)
+                    and os.path.join(root, e.name) != train_dir and class_folders(os.path.join(root, e.name)))
+    if not unread:
+        return []
+    shown = ", ".join(f"{imageio.printable(name)}/" for name in unread[:5])
+    return [f"{shown} beside {os.path.basename(train_dir)}/ {'is' if len(unread) == 1 else 'are'} not read: "
+            f"validation images are taken from a folder named {', '.join(f'{n}/' for n in SPLIT_FOLDERS)}; rename it "
+            "to one of those to validate on its images (without one, data.val_fraction of train/ is held out)"]
+
+
+def _refuse_empty(root, items):
+    """Empty image files (0 bytes) refused by name before anything is decoded: the dry run finds them too."""
+    empty = [path for path, _ in items if _size(path) == 0]
+    if empty:
+        shown = ", ".join(f"'{imageio.printable(p)}'" for p in empty[:5])
+        raise InputError(f"data.root: {len(empty):,} image file(s) under '{imageio.printable(root)}' are empty (0 "
+                         f"bytes): {shown}{' and more' if len(empty) > 5 else ''}; fix or remove them")
+
+
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:  # a dangling link: the decode names it, with what to do
+        return None
 
 
 SAMPLED = 200  # headers read for the EXIF orientation note: ~20 ms, spread evenly over the images
@@ -243,7 +275,14 @@ def load_imagefolder(cfg, seed, place=None):
         return ImageSet([label for _, label in items], (channels, size, size), storage, augment, rule)
 
     how = f"{found['layout']}: {len(found['train'])}/{len(found['val'])} images"
-    return subset(found["train"], augment), subset(found["val"], None), tuple(found["classes"]), how
+    sets, unreadable = [], []
+    for items, aug in ((found["train"], augment), (found["val"], None)):  # both decoded: every bad file named once
+        try:
+            sets.append(subset(items, aug))
+        except UnreadableImages as e:
+            unreadable.append(e)
+    raise_unreadable(unreadable, place)
+    return sets[0], sets[1], tuple(found["classes"]), how
 
 
 def class_tree(root, others=None):
@@ -522,7 +561,10 @@ def load_unlabeled(cfg, train, place=None):
     """data.unlabeled's images as a set with label -1, at the training images' shape and rules, decoded once
     like them (so an unreadable file is found here, naming it)."""
     files = unlabeled_files(cfg)
-    storage = FileImages(files, train.image_shape, train.rule,
-                         keep_original=train.augment.kind == "random_resized_crop", cache_bytes=cfg.cache_mb * 2**20,
-                         place=place, role="unlabeled")
+    try:
+        storage = FileImages(files, train.image_shape, train.rule,
+                             keep_original=train.augment.kind == "random_resized_crop",
+                             cache_bytes=cfg.cache_mb * 2**20, place=place, role="unlabeled")
+    except UnreadableImages as e:
+        raise_unreadable([e], place)
     return ImageSet([UNLABELLED] * len(files), train.image_shape, storage, train.augment, train.rule)

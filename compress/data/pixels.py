@@ -306,7 +306,7 @@ class PixelCache:
                 self._write_index(recorded, complete=False)
         bad = [tuple(e) for e in dist.broadcast_json(env, bad)]  # every rank raises the error together
         if bad:
-            dist.raise_on_main(env, InputError(unreadable_sentence(sorted(bad), len(files))))
+            raise UnreadableImages(sorted(bad), len(files))
         if env.is_main:
             self._write_index(recorded, complete=True)
         dist.barrier(env)
@@ -385,7 +385,7 @@ def hold(files, channels, rule, budget, place=None, role="train", fingerprint=No
         start = time.perf_counter()
         flat, shapes, bad = decode_chunk(files, channels, rule, max(1, torch.get_num_threads()))
         if bad:
-            raise InputError(unreadable_sentence(bad, count))
+            raise UnreadableImages(bad, count)
         pixels = Pixels([(flat, shapes)], max(1, count))
         return pixels, (f"{count:,} {role} images decoded once into memory {_side_text(rule)} "
                         f"({pixels.nbytes / 2**20:,.0f} MB, {time.perf_counter() - start:.1f}s)")
@@ -441,6 +441,28 @@ def _prune(folder, role, key):
 
 
 SHOWN = 20  # unreadable files named in one error: every one, for the few a folder usually has
+
+
+class UnreadableImages(InputError):
+    """Files of a set that cannot be decoded ([(path, error)] of `total`), raised by every process alike (the
+    list is the same on each); `raise_unreadable` lets rank 0 alone say it, for every set of a dataset at once."""
+
+    def __init__(self, bad, total):
+        super().__init__(unreadable_sentence(bad, total))
+        self.bad, self.total = list(bad), total
+
+
+def raise_unreadable(errors, place):
+    """Raise the UnreadableImages `errors` (one per set: training, validation) as one, naming every file; in a
+    process group (`place.env`) rank 0 says it and the others exit with it quietly."""
+    if not errors:
+        return
+    error = UnreadableImages(sorted(b for e in errors for b in e.bad), sum(e.total for e in errors))
+    if place is not None:
+        from compress.training import distributed as dist
+
+        dist.raise_on_main(place.env, error)
+    raise error
 
 
 def unreadable_sentence(bad, total):

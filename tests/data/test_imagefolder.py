@@ -49,6 +49,41 @@ def test_imagefolder_unreadable_image_names_the_file(tmp_path):
     assert all(f"page{i}.jpg" in str(info.value) for i in range(10))
 
 
+def test_unreadable_images_of_both_splits_are_named_in_one_error_and_empty_ones_before_any_decoding(tmp_path):
+    """A bad file among the training images and another among the validation images: one error names both (one
+    fix, one rerun), not the training one first and the validation one on the next run; a 0-byte image is refused
+    by the folder scan, which the dry run and the checks before training run too."""
+    from compress.data.imagefolder import scan
+
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            Image.new("RGB", (8, 8), (0, 0, 9 if split == "val" else 0)).save(tmp_path / split / cls / "ok.png")
+    (tmp_path / "train" / "a" / "text.jpg").write_bytes(b"a text file")
+    (tmp_path / "val" / "b" / "cut.png").write_bytes((tmp_path / "val" / "b" / "ok.png").read_bytes()[:40])
+    cfg = data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=8")
+    with pytest.raises(InputError) as info:
+        load_data(cfg, seed=0)
+    assert "text.jpg" in str(info.value) and "cut.png" in str(info.value), str(info.value)
+    assert "1 more of the 6 files cannot be read either" in str(info.value)
+    (tmp_path / "val" / "a" / "empty.png").write_bytes(b"")
+    with pytest.raises(InputError, match=r"1 image file\(s\) under .* are empty \(0 bytes\): '.*empty.png'; fix or "
+                                         "remove them"):
+        scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=8"))
+
+
+def test_a_held_out_folder_under_a_name_compress_does_not_read_is_named(tmp_path):
+    """root/train/ with root/eval/ (or holdout/) beside it: the note names eval/ as not read and the folder names
+    that are, instead of holding out 10% of train/ without a word about eval/'s images."""
+    from compress.data.imagefolder import scan
+
+    sized_image_tree(tmp_path, ["train"], count=5)
+    sized_image_tree(tmp_path, ["eval"], count=3)
+    notes = scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16"))["notes"]
+    assert any(note.startswith("eval/ beside train/ is not read: validation images are taken from a folder named "
+                               "val/") for note in notes), notes
+
+
 def test_imagefolder_with_train_and_val_folders_uses_them_as_the_splits(tmp_path):
     sized_image_tree(tmp_path, ["train"], count=5)
     sized_image_tree(tmp_path, ["val"], count=3)
