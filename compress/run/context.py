@@ -42,6 +42,13 @@ from compress.training.precision import FP32, Precision
 log = logging.getLogger(__name__)
 
 
+def pixel_place(run, data_cfg, env):
+    """Where the images are decoded once (data.cache_dir, else cache/pixels/ in the run directory), by the
+    processes of `env`."""
+    folder = os.path.abspath(os.path.expanduser(data_cfg.cache_dir)) if data_cfg.cache_dir else run.pixel_cache
+    return Place(folder, env, in_run_dir=not data_cfg.cache_dir, shown_from="" if data_cfg.cache_dir else run.root)
+
+
 @dataclass
 class StageContext:
     cfg: ConfigView  # the stage's CONFIG_KEYS and `train`, nothing else
@@ -74,9 +81,7 @@ class StageContext:
         """The stage's data (`compress.data.datasets.load_data`), image files decoded once into the pixel cache
         (data.cache_dir, else cache/pixels/ in the run directory) that every stage and later run shares."""
         d = self.cfg.data
-        folder = os.path.abspath(os.path.expanduser(d.cache_dir)) if d.cache_dir else self.run.pixel_cache
-        place = Place(folder, DistEnv() if self.rank0_only else self.env, in_run_dir=not d.cache_dir,
-                      shown_from="" if d.cache_dir else self.run.root)
+        place = pixel_place(self.run, d, DistEnv() if self.rank0_only else self.env)
         if d.name == "imagefolder":  # checked from the listing, before a single image is decoded
             from compress.data.imagefolder import scan
 

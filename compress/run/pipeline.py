@@ -19,7 +19,7 @@ from compress.errors import EXIT_INTERRUPTED, CompressError, InputError, Interru
 from compress.fileio import SafeFormatter, open_append, sha256_file
 from compress.run import preflight, schema
 from compress.run.config import ConfigView, load_config, read_yaml
-from compress.run.context import StageContext
+from compress.run.context import StageContext, pixel_place
 from compress.run.contract import DIGESTS, LEFT_OUT, StageResult
 from compress.run.report import write_report
 from compress.run.rundir import RunDir, RunLock, lock_holder, now, versions
@@ -56,6 +56,8 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
                             _record_new_digests(run, name, state.inputs)
                         results[name] = None
                         continue
+                    if name == "teacher" and "distill" in stage_names and cfg.data.unlabeled:
+                        _decode_unlabeled_first(run, cfg, env)
                     results[name] = _run_stage(run, cfg, env, STAGES[name], state, writer)
                 interrupt.stop_if_asked("after the last stage; every finished stage is saved", env)
             except (StageFailed, Interrupted):
@@ -307,6 +309,18 @@ class _StageRun:
     def seconds(self):
         """The stage's time in all: this run's, and that of the interrupted runs it resumed."""
         return round(self.earlier + time.perf_counter() - self.start, 2)
+
+
+def _decode_unlabeled_first(run, cfg, env):
+    """data.unlabeled's images decoded into the pixel cache before the teacher trains, when the run goes on to
+    distill (which reads them from there): a file that cannot be read is named now, not after the teacher's
+    hours."""
+    from compress.data.datasets import load_data
+
+    if env.is_main:
+        log.info("teacher: decoding data.unlabeled's images first (distill reads them after the teacher), so that "
+                 "a file that cannot be read is named before the teacher trains")
+    load_data(cfg.data, cfg.seed, unlabeled=True, place=pixel_place(run, cfg.data, env))
 
 
 def _run_stage(run, cfg, env, spec, stage_state, writer):

@@ -176,6 +176,20 @@ def test_truncated_unlabelled_images_are_all_named_when_distill_decodes_them(tea
     assert "distill" not in json.loads((run / "manifest.json").read_text())["stages"]
 
 
+def test_a_truncated_unlabelled_image_stops_a_full_run_before_the_teacher_trains(tiny_config, tmp_path, unlabeled):
+    """A run that goes on to distill decodes data.unlabeled's images before the teacher trains: a truncated one
+    (its header intact, so only decoding finds it) is named then, not after the teacher's hours."""
+    cut = tmp_path / "cut"
+    shutil.copytree(unlabeled, cut)
+    victim = cut / "batch0" / "0.png"
+    victim.write_bytes(victim.read_bytes()[:60])
+    result = invoke("run", "-c", tiny_config, "--run-dir", tmp_path / "run", "--set", f"data.unlabeled={cut}")
+    assert result.exit_code == 2 and f"cannot read image '{victim}' (OSError: image file is truncated)" in result.stderr
+    assert "teacher: decoding data.unlabeled's images first" in result.stderr
+    assert not (tmp_path / "run" / "teacher" / "model.safetensors").exists()
+    assert "teacher: epoch" not in result.stderr
+
+
 def test_kill_9_with_unlabelled_images_resumes_bit_identically(teacher_run, tiny_config, tmp_path, unlabeled):
     """DIST (whose intra-class term relates the samples of a batch) with unlabelled images; every method is
     checked the same way by benchmarks/soak_methods.py."""
