@@ -47,7 +47,9 @@ def path_problem(path, key):
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        return f"{key}: weights file '{path}' not found"
+        named = "." not in os.path.basename(path)  # 'imagenet', 'resnet18': meant as a name, not a file
+        return f"{key}: weights file '{path}' not found" + (
+            "; torchvision's ImageNet weights are named `pretrained` or `torchvision:IMAGENET1K_V1`" if named else "")
     except OSError as e:
         return f"{key}: cannot read '{path}' ({e.strerror or e}); check the path and its permissions"
     if not stat.S_ISREG(mode):
@@ -105,12 +107,24 @@ def _read_open(f, path, key):
             loaded = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:  # UnpicklingError for pickled code; RuntimeError/EOFError for damaged files
             first = _load_failure(e)
+            if _damaged(e):
+                raise InputError(f"{key}: '{path}' is damaged or cut short ({first}); copy or download it again") \
+                    from None
             raise InputError(f"{key}: '{path}' is not a plain state dict that torch.load(weights_only=True) can read "
                              f"({first}); save `model.state_dict()` (or convert it to .safetensors)") from None
         state = _unwrap_checkpoint(loaded)
         if state is None:
             raise InputError(_no_state_dict(loaded, path, key))
     return {_strip(k): v for k, v in state.items()}
+
+
+def _damaged(e):
+    """torch.load's failure is a file torch.save wrote, cut short or corrupted (its zip archive or a record in it),
+    not another kind of file."""
+    text = str(e)
+    return isinstance(e, EOFError) or any(words in text for words in (
+        "failed finding central directory", "PytorchStreamReader failed", "file not found in archive",
+        "Ran out of input"))
 
 
 def _load_failure(e):

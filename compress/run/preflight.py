@@ -51,8 +51,6 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
                              download=download)
             except InputError as e:
                 found.append(str(e))
-        elif value and not os.path.exists(os.path.expanduser(value)):
-            found.append(f"model.{key}: file '{value}' not found")
         elif value and (problem := path_problem(value, f"model.{key}")):
             found.append(problem)
     if cfg.qat.source == "baseline" and not cfg.distill.baseline and {"qat", "export"} & set(stage_names):

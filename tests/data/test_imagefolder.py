@@ -72,6 +72,17 @@ def test_unreadable_images_of_both_splits_are_named_in_one_error_and_empty_ones_
         scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=8"))
 
 
+def test_jpeg_files_under_their_other_names_are_images(tmp_path):
+    """.jfif (what browsers save) and .jpe are JPEG files: read, not skipped as images in another format."""
+    for cls in ("a", "b"):
+        (tmp_path / cls).mkdir()
+        for i, suffix in enumerate((".jpg", ".jfif", ".JPE", ".jpg", ".jfif")):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / cls / f"{i}{suffix}", format="JPEG")
+    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=8",
+                              "data.val_fraction=0.2"), seed=0)
+    assert len(data.train) + len(data.val) == 10
+
+
 def test_a_held_out_folder_under_a_name_compress_does_not_read_is_named(tmp_path):
     """root/train/ with root/eval/ (or holdout/) beside it: the note names eval/ as not read and the folder names
     that are, instead of holding out 10% of train/ without a word about eval/'s images."""

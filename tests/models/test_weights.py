@@ -395,6 +395,21 @@ def test_a_weights_path_that_is_a_device_a_pipe_or_a_folder_says_so(tmp_path):
     with pytest.raises(InputError, match=r"^model.teacher_weights: weights file '.*absent.pth' not found$"):
         load_pretrained(build_model("compact_cnn", (1, 8, 8), 10), str(tmp_path / "absent.pth"),
                         "model.teacher_weights")
+    with pytest.raises(InputError, match=r"weights file '.*imagenet' not found; torchvision's ImageNet weights are "
+                                         r"named `pretrained` or `torchvision:IMAGENET1K_V1`$"):
+        load_pretrained(build_model("compact_cnn", (1, 8, 8), 10), str(tmp_path / "imagenet"), "model.teacher_weights")
+
+
+def test_a_state_dict_file_cut_short_is_named_damaged_not_a_different_kind_of_file(tmp_path):
+    """A .pth that torch.save wrote, copied or downloaded only in part: 'damaged ... copy it again', not the advice
+    for a file of another kind ('save model.state_dict()'), which would send the user the wrong way."""
+    torch.save(build_model("compact_cnn", (1, 8, 8), 10).state_dict(), tmp_path / "whole.pth")
+    data = (tmp_path / "whole.pth").read_bytes()
+    (tmp_path / "cut.pth").write_bytes(data[:len(data) // 2])
+    with pytest.raises(InputError) as e:
+        load_pretrained(build_model("compact_cnn", (1, 8, 8), 10), str(tmp_path / "cut.pth"), "model.teacher_weights")
+    assert str(e.value).startswith(f"model.teacher_weights: '{tmp_path / 'cut.pth'}' is damaged or cut short (")
+    assert str(e.value).endswith("); copy or download it again")
 
 
 def test_a_download_whose_sha256_does_not_match_its_name_is_refused(torch_home, tmp_path, monkeypatch):
