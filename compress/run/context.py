@@ -241,12 +241,12 @@ class _Board:
 def _refuse_other_classes(path, trained_on, classes, stage):
     """A model trained on other classes than the data's is refused (its class indices would mean others)."""
     if isinstance(trained_on, list) and trained_on != list(classes):
-        raise InputError(f"'{path}' was trained on {_classes(trained_on)}, but the data now has "
-                         f"{_classes(classes)}; run the {stage} stage again on these images (add {stage} "
+        raise InputError(f"'{path}' was trained on {classes_text(trained_on)}, but the data now has "
+                         f"{classes_text(classes)}; run the {stage} stage again on these images (add {stage} "
                          "to --stages; with --force if it says it is up to date)")
 
 
-def _classes(names, most=6):
+def classes_text(names, most=6):
     """'3 classes (cat, dog, ship)', the first `most` names when there are more."""
     shown = ", ".join(names[:most]) + (f", ... {len(names) - most} more" if len(names) > most else "")
     return f"{len(names)} classes ({shown})"

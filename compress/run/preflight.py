@@ -56,6 +56,8 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
     if cfg.qat.source == "baseline" and not cfg.distill.baseline and {"qat", "export"} & set(stage_names):
         found.append("qat.source: baseline quantizes the student trained alone, which distill.baseline: false does "
                      "not train; set distill.baseline=true, or qat.source=distill")
+    if run_root and data.name == "imagefolder" and not found:
+        found.extend(_class_problems(data, stage_names, run_root))
     if "distill" in stage_names and data.unlabeled:
         from compress.data.imagefolder import unlabeled_problem
 
@@ -239,6 +241,40 @@ def _output_problem(model, shape, classes):
                     "(a model function is given num_classes when it names it)")
     model.train()
     return ""
+
+
+def _class_problems(data, stage_names, run_root):
+    """A model of a stage this run leaves out, trained on other classes than data.root now holds: the stages from
+    the earliest such one must run again, named with the command - in the dry run too, and at once, not one stage
+    back per attempt as each stage refuses its input."""
+    from compress.data.imagefolder import scan
+    from compress.errors import CompressError
+    from compress.run.context import classes_text
+    from compress.run.rundir import RunDir
+    from compress.training.checkpoint import read_metadata
+    from stages import ORDER
+
+    run = RunDir(run_root)
+    try:
+        stages = run.manifest()["stages"] if run.exists() else {}
+        classes = list(scan(data)["classes"])
+    except CompressError:  # said by the checks that read them
+        return []
+    first = min(ORDER.index(name) for name in stage_names)
+    for name in ORDER[:first]:
+        for rel in (stages.get(name) or {}).get("outputs") or {}:
+            if not rel.endswith(".safetensors") or not os.path.isfile(run.path(rel)):
+                continue
+            try:
+                trained_on = read_metadata(run.path(rel)).get("class_names")
+            except CompressError:
+                continue
+            if isinstance(trained_on, list) and trained_on != classes:
+                return [f"{rel} was trained on {classes_text(trained_on)}, but data.root now holds "
+                        f"{classes_text(classes)}: the stages from {name} on must run again on these images - compress "
+                        f"run --run-dir {run_root} --stages {','.join(ORDER[ORDER.index(name):])} (or --name NEW for a "
+                        "separate run that keeps this one)"]
+    return []
 
 
 def _feature_problems(cfg, stage_names, built, input_shape):

@@ -372,11 +372,14 @@ def test_changed_images_run_the_stages_again_and_a_teacher_of_other_classes_is_r
     for split in ("train", "val"):
         os.rename(tmp_path / "img" / split / "cat", tmp_path / "img" / split / "bird")  # class 0 is now 'bird'
     before = file_bytes(tmp_path / "run")
-    refused = invoke(*args, "--stages", "distill")
-    assert refused.exit_code == 2 and "Traceback" not in refused.output
-    assert (f"'{tmp_path / 'run' / 'teacher' / 'model.safetensors'}' was trained on 2 classes (cat, dog), but the "
-            "data now has 2 classes (bird, dog); run the teacher stage again on these images (add teacher to "
-            "--stages; with --force if it says it is up to date)") in refused.stderr
+    told = (f"teacher/model.safetensors was trained on 2 classes (cat, dog), but data.root now holds 2 classes "
+            f"(bird, dog): the stages from teacher on must run again on these images - compress run --run-dir "
+            f"{tmp_path / 'run'} --stages teacher,distill,qat,export")
+    for stages in ("distill", "qat,export"):  # the earliest stage to redo named at once, in the dry run too
+        for dry in ([], ["--dry-run"]):
+            refused = invoke(*args, "--stages", stages, *dry)
+            assert refused.exit_code == 2 and "Traceback" not in refused.output
+            assert told in refused.stderr, refused.stderr
     assert {k: v for k, v in file_bytes(tmp_path / "run").items() if not k.endswith(("log.txt", "manifest.json"))} \
         == {k: v for k, v in before.items() if not k.endswith(("log.txt", "manifest.json"))}
 
