@@ -60,9 +60,12 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
                         _decode_unlabeled_first(run, cfg, env)
                     results[name] = _run_stage(run, cfg, env, STAGES[name], state, writer)
                 interrupt.stop_if_asked("after the last stage; every finished stage is saved", env)
-            except (StageFailed, Interrupted):
+            except (StageFailed, Interrupted) as e:
                 if env.is_main and run.exists():  # the report tells the whole story: what ran, and what failed
                     _report_quietly(run)
+                if force and isinstance(e, Interrupted):  # the same command again would start the stage over
+                    raise Interrupted(str(e).replace("rerun the same command", "rerun the same command without "
+                                                     "--force", 1)) from None
                 raise
             if env.is_main:
                 results["report"] = write_report(run, STAGES)

@@ -6,6 +6,7 @@ import json
 import pathlib
 import random
 import re
+import shutil
 import signal
 
 import pytest
@@ -320,6 +321,19 @@ def test_kill_9_in_each_training_stage_then_resume_is_bit_identical(finished_run
     stages = json.loads((run / "manifest.json").read_text())["stages"]
     for stage in ("teacher", "distill"):
         assert stages[stage]["metrics"]["precision"] == ("bf16" if cpu_bf16_support() else "fp32"), stage
+
+
+def test_a_forced_run_stopped_by_ctrl_c_says_to_resume_without_force(finished_run, tiny_config, tmp_path):
+    """`--force` starts a stage over, so the same command again would throw the checkpoint away: the stop line
+    says to drop it, and without it the stage resumes."""
+    run = tmp_path / "forced"
+    shutil.copytree(finished_run, run)
+    base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher"]
+    proc = fault_subprocess(*base, "--force", fault="teacher:1:5:sigint")
+    assert proc.returncode == 130, proc.stderr
+    assert "rerun the same command without --force to resume" in proc.stderr, proc.stderr
+    again = compress_subprocess(*base, "--dry-run")
+    assert "resume" in again.stdout + again.stderr and "--force" not in again.stdout, again.stdout
 
 
 def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_run, tiny_config, tmp_path):
