@@ -96,8 +96,9 @@ class CompressGroup(click.Group):
             if _debug["on"]:  # the traceback asked for, and still an interruption's line and exit code
                 traceback.print_exc()
             from compress.errors import MirroredError
+            from compress.torchrun import env_rank
 
-            rank = int(os.environ.get("RANK", 0))
+            rank = env_rank()
             # a stop the user asked for is no error: said plainly, with the exit code of an interruption
             word = "stopped" if stopped else "error"
             if not isinstance(e, MirroredError):  # rank 0 already said it
@@ -120,14 +121,25 @@ class CompressGroup(click.Group):
                 echo(f"error: {write_problem(e)}", err=True)
                 ctx.exit(2)
             if "RANK" in os.environ and is_peer_loss(e):  # the stage is recorded interrupted: exit as one
-                echo(f"error [rank {os.environ['RANK']}]: lost contact with another worker ({first[:160]}); "
-                     "with --max-restarts N torchrun restarts the group, which resumes from the last checkpoint",
-                     err=True)
+                echo(f"stopped [rank {os.environ['RANK']}]: lost contact with another process of the run (it stopped, "
+                     f"crashed or was killed; {peer_loss_words(first)}); rerun the same command to resume from the "
+                     "last checkpoint - with --max-restarts N the group restarts and resumes by itself", err=True)
                 ctx.exit(EXIT_INTERRUPTED)
             else:
                 echo(f"error: unexpected {e.__class__.__name__}: {first} (rerun with --debug for the traceback)",
                      err=True)
             ctx.exit(1)
+
+
+def peer_loss_words(text):
+    """The transport's own words for a lost peer, without its source location and cut at a word: '[.../pair.cc:545]
+    Read error [127.0.0.1]:17536: Connection reset by peer. This is typically ...' -> 'Read error [127.0.0.1]:17536:
+    Connection reset by peer'."""
+    import re
+
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*", "", text.strip())
+    sentence = text.split(". ")[0].rstrip(".")
+    return sentence if len(sentence) <= 120 else sentence[:120].rsplit(" ", 1)[0] + " ..."
 
 
 def echo(text="", **kwargs):

@@ -87,7 +87,7 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
       torchrun --nproc_per_node 2 -m compress run       # the same, launched by hand (or multi-node)
     """
     from compress.run import recipes
-    from compress.training.distributed import launched_by_torchrun
+    from compress.torchrun import env_rank, launched_by_torchrun
 
     stage_names = parse_stages(",".join(stages) if stages else ",".join(STAGE_ORDER))
     run_dir = resolve_run_dir(run_dir, name, config_path)
@@ -105,7 +105,7 @@ def run(config_path, stages, run_dir, name, overrides, nproc_per_node, max_resta
         from compress.training.distributed import die_with_launcher
 
         die_with_launcher()
-    rank = int(os.environ.get("RANK", 0))
+    rank = env_rank()
     setup_logging(rank)
     if config_path and rank == 0:
         log.info("config %s, run directory %s", config_path, run_dir)
@@ -140,8 +140,9 @@ def _load_run_config(config_path, overrides, run_dir, own_config):
         return load_config(config_path, overrides, follow_links=not own_config, run_config=own_config)
     except CompressError as e:
         from compress.errors import MirroredError
+        from compress.torchrun import env_rank
 
-        raise e if int(os.environ.get("RANK", 0)) == 0 else MirroredError(str(e), e.exit_code)
+        raise e if env_rank() == 0 else MirroredError(str(e), e.exit_code)
 
 
 def _dry_run(cfg, config_path, note, run_dir, stage_names, force, world):

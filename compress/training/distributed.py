@@ -23,6 +23,7 @@ import torch.distributed as tdist
 from compress.cpus import training_threads
 from compress.errors import CompressError, InputError, MirroredError
 from compress.fileio import dumps
+from compress.torchrun import launched_by_torchrun
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,6 @@ class DistEnv:
         return self.world > 1
 
 
-def launched_by_torchrun():
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -86,8 +85,12 @@ def pick_device(preference, local_rank):
 @contextlib.contextmanager
 def process_group(device_preference="auto", threads=None, timeout_minutes=30):
     """Set up the process group for this worker (if world > 1) and always tear it down, also on error."""
-    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
-    local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
+    launched = launched_by_torchrun()  # a stray RANK alone is no launch: this process is the only one
+    rank, world = (_env_int("RANK", 0), _env_int("WORLD_SIZE", 1)) if launched else (0, 1)
+    local_rank, local_world = (_env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)) if launched else (0, 1)
+    if not 0 <= rank < world:
+        raise InputError(f"RANK={rank} is not one of WORLD_SIZE={world}'s ranks (0 to {world - 1}); these variables "
+                         "come from torchrun: unset RANK and WORLD_SIZE to run one process, or launch with torchrun")
     device = pick_device(device_preference, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -104,7 +107,11 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
         if store is not None:
             kwargs.update(store=store, rank=rank, world_size=world)
         _import_modules_that_bind_the_world_group()
-        tdist.init_process_group(backend, timeout=timeout, **kwargs)
+        if rank == 0:
+            log.info("waiting for the other %d process(es) of WORLD_SIZE=%d at %s:%s (Ctrl-C stops the wait)",
+                     world - 1, world, os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?"))
+        with _stoppable():
+            tdist.init_process_group(backend, timeout=timeout, **kwargs)
     ours = why not in ("train.threads", "OMP_NUM_THREADS")  # a count the user chose is theirs to keep
     env = DistEnv(rank, world, local_rank, local_world, device, backend, f"{threads} ({why})",
                   check_neighbours=ours and device.type == "cpu" and threads > 1 and local_world == 1)
@@ -114,6 +121,21 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
         _teardown(env, clean=False)
         raise
     _teardown(env, clean=True)
+
+
+@contextlib.contextmanager
+def _stoppable():
+    """Ctrl-C and SIGTERM end the process while it waits in the rendezvous: that wait is native code, where the
+    graceful handlers (which only set a flag for the training loop) never run - a peer that never comes would keep
+    it for the whole timeout. Nothing has been written yet, so the default action loses nothing."""
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for sig in kept:
+            signal.signal(sig, signal.SIG_DFL)
+        yield
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
 
 
 def _import_modules_that_bind_the_world_group():

@@ -9,6 +9,7 @@ import signal
 import torch
 
 from compress.errors import Interrupted
+from compress.torchrun import env_rank
 from compress.training import distributed as dist
 
 _requested = False
@@ -21,7 +22,7 @@ def _handler(signum, frame):
     global _requested
     if _requested and signum == signal.SIGINT:
         raise KeyboardInterrupt
-    if not _requested and signum == signal.SIGINT and os.environ.get("RANK", "0") == "0":
+    if not _requested and signum == signal.SIGINT and env_rank() == 0:
         try:  # the stop takes a step or a checkpoint's write: say it was heard (os.write: safe in a handler)
             os.write(2, ACK)
         except OSError:

@@ -137,3 +137,55 @@ def test_show_and_predict_say_standard_output_cannot_be_written(finished_run, tm
             assert "error: cannot write to standard output (" in run.stderr and "--run-dir" not in run.stderr, \
                 run.stderr
             assert "Traceback" not in run.stderr
+
+
+def test_the_transports_words_for_a_lost_peer_are_cut_at_a_word_without_source_locations():
+    from compress.cli.base import peer_loss_words
+
+    gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:17536: "
+            "Connection reset by peer. This is typically caused by a remote process exiting")
+    assert peer_loss_words(gloo) == "Read error [127.0.0.1]:17536: Connection reset by peer"
+    long = "word " * 60
+    assert peer_loss_words(long).endswith("word ...") and len(peer_loss_words(long)) <= 124
+
+
+@pytest.mark.e2e
+def test_torchrun_variables_left_in_the_environment(tmp_path):
+    """RANK alone (a shell that once ran a distributed job) is no launch: the run is one process, rank 0, and
+    says its errors. RANK outside WORLD_SIZE is one sentence naming both. RANK 0 of a WORLD_SIZE 2 whose peer never
+    comes says what it waits for, and Ctrl-C/SIGTERM end the wait at once, not after the 30-minute timeout."""
+    import signal
+    import time
+
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+    stray = compress_subprocess("run", "--run-dir", tmp_path / "stray", "--dry-run", env={**base, "RANK": "1"})
+    assert stray.returncode == 0 and "teacher" in stray.stdout, stray.stderr
+    bad = compress_subprocess("run", "--run-dir", tmp_path / "bad", "--stages", "teacher",
+                              env={**base, "RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": "29731"})
+    assert bad.returncode == 2 and "RANK=3 is not one of WORLD_SIZE=2's ranks (0 to 1)" in bad.stderr, bad.stderr
+    exe = shutil.which("compress") or os.path.join(os.path.dirname(sys.executable), "compress")
+    proc = subprocess.Popen([exe, "run", "--run-dir", str(tmp_path / "alone"), "--stages",
+                             "teacher"], stderr=subprocess.PIPE, text=True,
+                            env={**base, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                 "MASTER_PORT": "29733"})
+    waited = ""
+    for line in proc.stderr:  # the line is said before the wait begins
+        waited += line
+        if "waiting for the other 1 process(es) of WORLD_SIZE=2 at 127.0.0.1:29733" in line:
+            break
+    time.sleep(1)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert time.monotonic() - start < 30 and proc.returncode != 0, waited
+
+
+def test_a_stray_rank_alone_makes_a_one_process_group_of_rank_0(monkeypatch):
+    from compress.training.distributed import process_group
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with process_group("cpu", threads=1) as env:
+        assert (env.rank, env.world, env.is_main, env.distributed) == (0, 1, True, False)
