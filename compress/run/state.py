@@ -217,19 +217,23 @@ def _last_run(entry):
 
 
 def _same_world(point, world):
-    """A checkpoint written mid-epoch by another number of processes restarts that epoch (the data each process
-    had left differs)."""
-    if point.step and point.world_size not in (None, world):
-        return dataclasses.replace(point, step=0, extra={**point.extra, "redo_epoch_from_world": point.world_size})
+    """A checkpoint written by another number of processes resumes where it stopped: each global batch is dealt
+    out over the processes (compress.data.sampling.EpochBatches), so step k covers the same images whatever the
+    split - only the order the processes' sums are added in changes, and with it the last bits. The reason says
+    so: such a resume is not bit-identical to a run that was never stopped."""
+    if point.world_size not in (None, world):
+        return dataclasses.replace(point, extra={**point.extra, "written_by_world": point.world_size,
+                                                 "resumed_by_world": world})
     return point
 
 
 def _resume_reason(entry, point, epochs):
     where = ("after its last epoch" if epochs is not None and point.epoch >= epochs
              else f"at epoch {point.epoch + 1}, step {point.step}")
-    if "redo_epoch_from_world" in point.extra:
-        where += (f" (the checkpoint was written mid-epoch by {point.extra['redo_epoch_from_world']} processes: "
-                  "redoing that epoch)")
+    if "written_by_world" in point.extra:
+        then, now = point.extra["written_by_world"], point.extra["resumed_by_world"]
+        where += (f" (written by {then} process{'es' if then != 1 else ''}, resumed by {now}: the same images in the "
+                  "same order, the result not bit-identical to a run that was never stopped)")
     if entry and entry.get("status") == "failed":
         return (f"{_last_run(entry)}; continuing from its checkpoint {where} with the same config - change the "
                 "setting the message names to get another result")

@@ -46,3 +46,22 @@ def test_train_loader_resumes_mid_epoch_with_the_same_batches():
     full = [b.index.tolist() for b in loader]
     loader.sampler.set_epoch(2, skip=5)
     assert [b.index.tolist() for b in loader] == full[5:]
+
+
+@pytest.mark.parametrize("size", [4500, 4501, 1000])
+def test_a_global_step_covers_the_same_images_under_any_number_of_processes(size):
+    """Each global batch is dealt out over the processes, so step k of an epoch is the same images with 1, 2 or 4
+    of them (what lets a run stopped at step k resume there with another count). Only the epoch's last step can
+    differ: the padding to a multiple of the processes, and a last batch of one merged into the one before."""
+    def steps(world, batch=64):
+        ranks = [EpochBatches(size, batch // world, rank, world, seed=3) for rank in range(world)]
+        for sampler in ranks:
+            sampler.set_epoch(2)
+        per_rank = [[indices for _, indices in sampler] for sampler in ranks]
+        return [sorted(i for rank in per_rank for i in rank[k]) for k in range(len(per_rank[0]))]
+
+    one = steps(1)
+    for world in (2, 4):
+        other = steps(world)
+        assert len(other) == len(one)
+        assert all(a == b for a, b in zip(one[:-1], other[:-1]))  # the last may differ by the padding to `world`

@@ -280,12 +280,19 @@ def test_a_checkpoint_of_another_config_or_a_damaged_one_starts_over(run):
     assert "delete it" not in reason and "--force" not in reason  # what it advised happens anyway
 
 
-def test_a_mid_epoch_checkpoint_of_another_world_size_redoes_that_epoch(run):
+def test_a_checkpoint_of_another_world_size_resumes_where_it_stopped_and_says_it_is_not_bit_identical(run):
+    """Step 7 covers the same images under any split of the global batch (tests/data/test_sampling.py): the run
+    goes on from there - not from the epoch's start with the weights of step 7, which trained those steps twice -
+    and the reason says the result is not bit-identical; at an epoch's end too."""
     run.update_stage("teacher", status="interrupted")
-    checkpoint(run, "teacher", cfg(), epoch=1, step=7, world=2)
-    state = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1)
-    assert state.resume_of("").step == 0 and "written mid-epoch by 2 processes: redoing that epoch" in state.reason
-    assert decide(run, cfg(), STAGES["teacher"], False, STAGES, 2).resume_of("").step == 7
+    for step in (7, 0):
+        checkpoint(run, "teacher", cfg(), epoch=1, step=step, world=2)
+        state = decide(run, cfg(), STAGES["teacher"], False, STAGES, 1)
+        assert state.resume_of("").step == step
+        assert ("(written by 2 processes, resumed by 1: the same images in the same order, the result not "
+                "bit-identical to a run that was never stopped)") in state.reason, state.reason
+        same = decide(run, cfg(), STAGES["teacher"], False, STAGES, 2)
+        assert same.resume_of("").step == step and "bit-identical" not in same.reason
 
 
 def test_the_baseline_part_resumes_only_from_a_checkpoint_of_the_same_run(run):
