@@ -225,17 +225,33 @@ class _Board:
     def write(self, metrics):
         if not self.enabled:
             return
-        if self.writer is None:
-            from torch.utils.tensorboard import SummaryWriter
+        if self.writer is not None and not os.path.isdir(self.folder):  # removed under the run: its writer thread
+            self._give_up("its folder was removed")  # would fail on the next event with a traceback
+            return
+        try:
+            if self.writer is None:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=self.folder)
-        for key, value in metrics.items():
-            if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.writer.add_scalar(key, value, metrics["epoch"])
-        self.writer.flush()
+                self.writer = SummaryWriter(log_dir=self.folder)
+            for key, value in metrics.items():
+                if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.writer.add_scalar(key, value, metrics["epoch"])
+            self.writer.flush()
+        except OSError as e:  # TensorBoard is a view of the run, never a reason to fail it
+            self._give_up(e.strerror or str(e))
+            return
         if metrics["epoch"] >= self.epochs:
             self.writer.close()
             self.writer = None
+
+    def _give_up(self, why):
+        log.warning("TensorBoard scalars stop here (%s: %s); the training goes on", self.folder, why)
+        self.enabled, writer, self.writer = False, self.writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception as e:  # its thread's own failure: nothing more to save
+                log.debug("closing the TensorBoard writer: %s", e)
 
 
 def _refuse_other_classes(path, trained_on, classes, stage):

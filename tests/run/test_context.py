@@ -26,3 +26,22 @@ def test_every_training_stage_writes_its_epochs_for_tensorboard(finished_run):
     board = accumulator.EventAccumulator(str(finished_run / "teacher" / "tensorboard"))
     board.Reload()
     assert [e.value for e in board.Scalars("val_acc")] == pytest.approx([m["val_acc"] for m in metrics])
+
+
+def test_a_tensorboard_folder_removed_under_a_run_stops_the_scalars_not_the_training(tmp_path, caplog):
+    """TensorBoard is a view of the run: its folder deleted between epochs is one warning, and the training goes
+    on (its writer thread used to fail the stage with a traceback)."""
+    import importlib.util
+    import shutil
+
+    from compress.run.context import _Board
+
+    if importlib.util.find_spec("tensorboard") is None:
+        pytest.skip("tensorboard is not installed (an optional extra)")
+    board = _Board(str(tmp_path / "tensorboard"), epochs=3)
+    board.write({"epoch": 1, "train_loss": 1.0})
+    shutil.rmtree(tmp_path / "tensorboard")
+    board.write({"epoch": 2, "train_loss": 0.5})
+    board.write({"epoch": 3, "train_loss": 0.2})
+    assert not board.enabled and "TensorBoard scalars stop here" in caplog.text
+    assert not (tmp_path / "tensorboard").exists()
