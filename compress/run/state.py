@@ -149,9 +149,9 @@ def decide(run, cfg, spec, force, stages, world, planning=False, running_first=(
         return StageState(action="fresh", reason="not run yet", announce="running", **base)
     made_with = main.extra["_made_with"]
     if not _made_alike(made_with, base):
+        otherwise = _made_otherwise(made_with, base, entry)
         return StageState(action="fresh", reason=f"its resume checkpoint ({checkpoint_rel(spec.NAME)}) was written by "
-                                                 f"an earlier run with {_made_otherwise(made_with, base)}; starting "
-                                                 "over", **base)
+                                                 f"an earlier run with {otherwise}; starting over", **base)
     resume = {"": _same_world(main, world)}
     for part in getattr(spec, "PARTS", ())[1:]:
         other, _ = read_resume(run, spec.NAME, part, epochs)
@@ -195,11 +195,15 @@ def _as_recorded(inputs, recorded):
     return {k: v for k, v in inputs.items() if k in recorded or not k.startswith(DIGESTS)}
 
 
-def _made_otherwise(made_with, base):
+def _made_otherwise(made_with, base, entry=None):
     """What differs between a checkpoint's config and inputs and this run's: 'another config' or 'other inputs
     (... changed since)'."""
     if not _same_config(made_with, base):
-        return "another config"
+        # the checkpoint holds its config's hash; the manifest entry of the run that wrote it, the config itself
+        recorded = entry.get("config") if entry and entry.get("config_hash") == made_with.get("config_hash") else None
+        keys = _keys_that_count(recorded, base["config"], _images_followed(base["inputs"])) \
+            if isinstance(recorded, dict) and isinstance(base.get("config"), dict) else []
+        return f"another config ({', '.join(keys[:4])})" if keys else "another config"
     old, new = made_with.get("inputs") or {}, base["inputs"]
     new = _as_recorded(new, old)
     changed = [k.removeprefix(EXTERNAL) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]

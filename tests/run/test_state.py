@@ -295,6 +295,18 @@ def test_a_checkpoint_of_another_world_size_resumes_where_it_stopped_and_says_it
         assert same.resume_of("").step == step and "bit-identical" not in same.reason
 
 
+def test_a_resume_checkpoint_of_another_config_names_the_keys_it_starts_over_for(run):
+    """The checkpoint holds its config's hash; the manifest entry of the run that wrote it holds the config: the
+    reason names what changed (teacher.lr), as it does for a finished stage, not only 'another config'."""
+    keys = STAGES["teacher"].CONFIG_KEYS
+    run.update_stage("teacher", status="interrupted", config_hash=section_hash(cfg(), keys),
+                     config=config_slice(cfg(), keys))
+    checkpoint(run, "teacher", cfg(), epoch=1, step=3)
+    reason = decide(run, cfg("teacher.lr=0.5"), STAGES["teacher"], False, STAGES, 1).reason
+    assert reason == ("its resume checkpoint (teacher/last/checkpoint.safetensors) was written by an earlier run with "
+                      "another config (teacher.lr); starting over"), reason
+
+
 def test_the_baseline_part_resumes_only_from_a_checkpoint_of_the_same_run(run):
     sums = complete(run, "teacher", cfg(), [TEACHER])
     run.update_stage("distill", status="interrupted")
