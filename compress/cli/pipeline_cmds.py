@@ -159,6 +159,8 @@ def _dry_run(cfg, config_path, note, run_dir, stage_names, force, world):
         echo(f"note: {line}")
     for name, action, why in rows:
         echo(f"{name:8} {action:7} {why}")
+    for line in data.get("advice", ()):
+        echo(f"note: {line}")
     if data.get("busy"):
         echo(f"note: another compress run ({data['busy']}) is using {run_dir} now: this plan is of its files "
                    "at this moment, and a `compress run` there stops until that run has ended")

@@ -23,7 +23,16 @@ from compress.run.context import StageContext, pixel_place
 from compress.run.contract import DIGESTS, LEFT_OUT, StageResult
 from compress.run.report import write_report
 from compress.run.rundir import RunDir, RunLock, lock_holder, now, versions
-from compress.run.state import StageState, checkpoint_rel, config_drift, decide, missing_upstream, stage_states
+from compress.run.state import (
+    ROOT_CHANGED,
+    StageState,
+    checkpoint_rel,
+    config_drift,
+    decide,
+    missing_upstream,
+    root_changed,
+    stage_states,
+)
 from compress.training import distributed as dist
 from compress.training import interrupt
 from stages import STAGES
@@ -44,7 +53,7 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
         saved = dist.on_main(env, _check_before_writing, cfg, run, stage_names, env.world)
         with _run_lock(run, env), _RunLog(run, env) as run_log:
             writer = _ConfigWriter(run, cfg, saved, run_log)
-            results = {}
+            results, said_root = {}, False
             try:
                 for name in stage_names:
                     interrupt.stop_if_asked(f"before the {name} stage", env)
@@ -56,6 +65,9 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
                             _record_new_digests(run, name, state.inputs)
                         results[name] = None
                         continue
+                    if env.is_main and root_changed(state.reason) and not said_root:
+                        log.warning("%s", ROOT_CHANGED)
+                        said_root = True
                     if name == "teacher" and "distill" in stage_names and cfg.data.unlabeled:
                         _decode_unlabeled_first(run, cfg, env)
                     results[name] = _run_stage(run, cfg, env, STAGES[name], state, writer)
@@ -408,6 +420,8 @@ def _plan(cfg, run, stage_names, force, world):
         if action != "skip":
             running[name] = action
         rows.append((name, action, why))
+    if any(root_changed(why) for _, action, why in rows if action == "run"):
+        data.setdefault("advice", []).append(ROOT_CHANGED)
     return data, rows
 
 

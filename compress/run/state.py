@@ -391,6 +391,16 @@ def _changes(run, entry, decision):
     return ""
 
 
+ROOT_CHANGED = ("data.root changed: the models this run directory holds, trained on the earlier images, are "
+                "replaced as their stages run again; --name NEW (or another --run-dir) keeps them and trains the new "
+                "images in a run of their own")
+
+
+def root_changed(reason):
+    """Whether a stage's reason to run again is a change of data.root (said once per run: ROOT_CHANGED)."""
+    return reason.startswith("config changed (") and "data.root" in reason.split(")")[0]
+
+
 def config_drift(run, cfg, stages, names):
     """[(stage, [config keys])] of the completed stages among `names` that `cfg` would run again because their
     config differs (as far as it changes the result) - the keys that count, named as `_changes` names them."""

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from compress.run.config import load_config
-from conftest import file_bytes, invoke, tree
+from conftest import file_bytes, image_tree, invoke, tree
 
 pytestmark = pytest.mark.e2e
 
@@ -224,3 +224,22 @@ def test_a_stage_an_earlier_version_finished_stays_done_when_only_how_its_config
     path.write_text(json.dumps(manifest))
     plan = invoke("run", "--run-dir", run_copy, "--dry-run")
     assert "teacher  run     config changed (teacher.epochs)" in plan.output, plan.output
+
+
+@pytest.mark.e2e
+def test_another_data_root_in_a_run_directory_says_once_that_its_models_are_replaced(tmp_path):
+    """Pointing a finished run at other photos reruns its stages - and replaces the models of the first photos:
+    the dry run and the run say so once, with --name for keeping them."""
+    image_tree(tmp_path / "first")
+    image_tree(tmp_path / "second", classes=("ant", "bee"))
+    args = ["run", "--run-dir", tmp_path / "run", "--stages", "teacher", "--set", "data.name=imagefolder", "--set",
+            "data.image_size=8", "--set", "teacher.epochs=1", "--set", "model.teacher=compact_cnn"]
+    first = invoke(*args, "--set", f"data.root={tmp_path / 'first'}")
+    assert first.exit_code == 0, first.output
+    assert "data.root changed" not in first.output
+    planned = invoke(*args, "--set", f"data.root={tmp_path / 'second'}", "--dry-run")
+    assert planned.exit_code == 0, planned.output
+    assert "note: data.root changed: the models this run directory holds, trained on the earlier images, are " \
+           "replaced as their stages run again; --name NEW" in planned.stdout, planned.stdout
+    ran = invoke(*args, "--set", f"data.root={tmp_path / 'second'}")
+    assert ran.exit_code == 0 and ran.stderr.count("data.root changed: the models this run directory holds") == 1
