@@ -15,7 +15,7 @@ from compress.training import distributed as dist
 _requested = False
 
 
-ACK = b"\nstopping at the next safe point (training saves a checkpoint there; Ctrl-C again stops at once)\n"
+ACK = b"\nstopping at the next safe point (a training stage saves a checkpoint there; Ctrl-C again stops at once)\n"
 
 
 def _handler(signum, frame):
