@@ -369,7 +369,7 @@ CASES = {
     "weights: missing file": (
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--set", f"model.student_weights={t}/absent.safetensors"],
-        "model.student_weights: file"),
+        "model.student_weights: weights file"),
     "weights: a device, not a file": (
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--set", "model.teacher_weights=/dev/zero"],
