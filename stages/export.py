@@ -185,6 +185,8 @@ def _teacher_latency(ctx, data, e, runtime):
     except CompressError as error:  # only a comparison row in the report: say why it is missing, go on
         log.warning("export: no teacher row in the report (%s)", error)
         return None
+    log.info("export: timing the teacher (%s, exported to ONNX for this and not kept) for the report's comparison "
+             "row", ctx.cfg.model.teacher)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "teacher.onnx")
         export_onnx(model, data.example(), path, e.opset, deployment_metadata(ctx.cfg.model.teacher, data))

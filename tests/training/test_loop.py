@@ -345,7 +345,8 @@ def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_r
     base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher"]
     proc = fault_subprocess(*base, fault="teacher:1:5:sigint")
     assert proc.returncode == 130, proc.stderr
-    assert "stopping at the next safe point (a training stage saves a checkpoint there; Ctrl-C again" in proc.stderr  # heard
+    heard = "stopping at the next safe point (a training stage saves a checkpoint there; Ctrl-C again"
+    assert heard in proc.stderr
     # an interruption the user asked for is said plainly, not as an error
     assert ("stopped: interrupted at epoch 2 of teacher (after 7 of its 51 steps); rerun the same command to resume"
             in proc.stderr) and "error" not in proc.stderr
