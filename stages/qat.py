@@ -7,9 +7,7 @@ import math
 import torch
 
 from compress.data.sampling import eval_loader
-from compress.deploy.latency import default_threads, speedup_text
-from compress.deploy.timing import threads_text
-from compress.errors import StageFailed
+from compress.deploy.latency import default_threads
 from compress.models.registry import build_model, count_parameters
 from compress.quant import fx, mixed_precision
 from compress.quant.objective import frozen_copy, qat_loss
@@ -127,7 +125,7 @@ def report_rows(entry, path):
 
 def choose_float_layers(ctx, float_model, data):
     """(float layer names, figures): qat.float_layers as given, the choice recorded by an interrupted run being
-    resumed, or the latency-aware choice (compress.quant.mixed_precision) measured now on validation images."""
+    resumed, or the latency-aware choice measured now on validation images (compress.quant.mixed_precision)."""
     q, e = ctx.cfg.qat, ctx.cfg.export
     if q.float_layers is not None:
         return list(q.float_layers), {"mode": "qat.float_layers"}
@@ -136,41 +134,10 @@ def choose_float_layers(ctx, float_model, data):
         return resumed.extra["float_layers"], resumed.extra.get("mixed_precision") or {}
     batch = max(e.latency_batch_sizes)
     images = data.val.batch(range(min(len(data.val), max(batch, 64)))).x
-    calibration = list(images.split(32))
     threads = max(e.latency_threads or default_threads())  # the thread count of the cell the export verdict weighs
-    log.info("qat: timing int8 candidates in onnxruntime (batch %d) to choose the layers kept in float; "
-             "--set 'qat.float_layers=[]' skips this", batch)
-    timer = mixed_precision.Timer(float_model, calibration, images[:batch], q, threads=threads, opset=e.opset)
     stop = lambda: interrupt.stop_if_asked("in qat (while timing int8 candidates)")  # noqa: E731
-    try:
-        layers, figures = mixed_precision.choose_float_layers(timer, float_model, stop=stop)
-    except mixed_precision.Unexportable as error:
-        raise StageFailed(f"qat: {quantized_model(ctx.cfg.model, ctx.cfg.qat.source)} does not export to ONNX once "
-                          f"quantized ({str(error).removeprefix('export: ')}), so the "
-                          "export stage would fail after QAT; choose another model (ResNets, MobileNets, "
-                          "EfficientNets and RegNets export)") from None
-    except StageFailed as error:  # a candidate that does not export: quantize everything, as asked by default
-        log.warning("qat: could not time the int8 candidates (%s); quantizing every layer", error)
-        return [], {"mode": "all int8 (timing failed)"}
-    finally:
-        timer.close()
-    figures = {"mode": f"latency-aware (batch {batch}, {threads_text(threads)})", "runtime": "onnxruntime",
-               **figures}
-    tried = "; ".join(f"{t['float']} stays int8: {t['skipped']}" if "skipped" in t else
-                      f"{t['float']} float {t['with_float_ms']:.2f} ms vs int8 {t['int8_ms']:.2f} ms "
-                      f"({'kept float' if t['kept_float'] else 'stays int8'})" for t in figures["tried"])
-    slower = figures["chosen_ms"] > figures["fp32_ms"] and not layers
-    log.info("qat: with every layer int8 the student is %s in onnxruntime; kept float: %s - a layer stays float only "
-             "where that makes the student at least 5%% faster, so one a little faster in float stays int8 (%s)%s; a "
-             "choice made from timings, which a busy machine can change: --set 'qat.float_layers=[%s]' fixes it",
-             _ratio(figures["fp32_ms"], figures["all_int8_ms"]), ", ".join(layers) or "none", tried,
-             "; no group of layers kept in float paid 5%, and int8 stays slower than fp32: export will measure the "
-             "files again and recommend fp32 if it still is" if slower else "", ",".join(layers))
-    return layers, figures
-
-
-def _ratio(fp32_ms, int8_ms):
-    return speedup_text(fp32_ms / int8_ms) + " than fp32" if int8_ms else "n/a"
+    return mixed_precision.timed_choice(float_model, images, batch, threads, q, e.opset,
+                                        quantized_model(ctx.cfg.model, q.source), stop)
 
 
 def _rebuild_matches(path, prepared, model_name, data, example, q):

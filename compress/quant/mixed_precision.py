@@ -139,3 +139,42 @@ def _grow_prefix(timer, layers, chosen, best_ms, margin, figures):
             break
         chosen, best_ms = trial, trial_ms
     return chosen, best_ms
+
+
+def timed_choice(float_model, images, batch, threads, q, opset, model_name, stop):
+    """(float layer names, figures) of the latency-aware choice (`choose_float_layers`) for the qat stage: the
+    int8 candidates calibrated on `images` and timed on its first `batch` in onnxruntime on `threads`, said in the
+    log with the rule and the setting that fixes the choice. A model that does not export once quantized fails
+    the stage now (export would, after QAT); a candidate that does not export quantizes every layer."""
+    from compress.deploy.latency import speedup_text
+    from compress.deploy.timing import threads_text
+
+    log.info("qat: timing int8 candidates in onnxruntime (batch %d) to choose the layers kept in float; "
+             "--set 'qat.float_layers=[]' skips this", batch)
+    timer = Timer(float_model, list(images.split(32)), images[:batch], q, threads=threads, opset=opset)
+    try:
+        layers, figures = choose_float_layers(timer, float_model, stop=stop)
+    except Unexportable as error:
+        raise StageFailed(f"qat: {model_name} does not export to ONNX once quantized "
+                          f"({str(error).removeprefix('export: ')}), so the export stage would fail after QAT; choose "
+                          "another model (ResNets, MobileNets, EfficientNets and RegNets export)") from None
+    except StageFailed as error:  # a candidate that does not export: quantize everything, as asked by default
+        log.warning("qat: could not time the int8 candidates (%s); quantizing every layer", error)
+        return [], {"mode": "all int8 (timing failed)"}
+    finally:
+        timer.close()
+    figures = {"mode": f"latency-aware (batch {batch}, {threads_text(threads)})", "runtime": "onnxruntime",
+               **figures}
+    tried = "; ".join(f"{t['float']} stays int8: {t['skipped']}" if "skipped" in t else
+                      f"{t['float']} float {t['with_float_ms']:.2f} ms vs int8 {t['int8_ms']:.2f} ms "
+                      f"({'kept float' if t['kept_float'] else 'stays int8'})" for t in figures["tried"])
+    slower = figures["chosen_ms"] > figures["fp32_ms"] and not layers
+    ratio = (speedup_text(figures["fp32_ms"] / figures["all_int8_ms"]) + " than fp32"
+             if figures["all_int8_ms"] else "n/a")
+    log.info("qat: with every layer int8 the student is %s in onnxruntime; kept float: %s - a layer stays float only "
+             "where that makes the student at least 5%% faster, so one a little faster in float stays int8 (%s)%s; a "
+             "choice made from timings, which a busy machine can change: --set 'qat.float_layers=[%s]' fixes it",
+             ratio, ", ".join(layers) or "none", tried,
+             "; no group of layers kept in float paid 5%, and int8 stays slower than fp32: export will measure the "
+             "files again and recommend fp32 if it still is" if slower else "", ",".join(layers))
+    return layers, figures
