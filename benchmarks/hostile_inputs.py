@@ -685,6 +685,51 @@ def stale_ptq(w):
     return ["run", "--run-dir", copy_run(w, "r_noptq"), "--stages", "export", "--set", "export.ptq=false"]
 
 
+@case("wrong result", "`RANK=1` left in the shell without WORLD_SIZE: `compress run --dry-run` (was rank 1 of 1: "
+      "'unexpected TypeError', config errors unsaid)", "teacher  run", 0, "tests/cli/test_base.py")
+def stray_rank(w):
+    return ["run", "--run-dir", os.path.join(w, "r_stray_rank"), "--dry-run"], {"RANK": "1"}
+
+
+@case("message", "`RANK=3 WORLD_SIZE=2` in the shell: `compress run` (rank 3 of 2 waited for peers)",
+      "RANK=3 is not one of WORLD_SIZE=2's ranks", 2, "tests/cli/test_base.py")
+def rank_outside_world(w):
+    return (["run", "--run-dir", os.path.join(w, "r_rank3"), "--stages", "teacher"],
+            {"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29771"})
+
+
+@case("lost", "a truncated photo in `data.unlabeled` (header intact): the full run (was found after the teacher "
+      "trained)", "image file is truncated", 2, "tests/stages/test_distill.py")
+def truncated_unlabelled(w):
+    root = photos_tree(os.path.join(w, "photos_trunc_unl"))
+    extra = photos_tree(os.path.join(w, "extra_trunc"), classes=("x",), train=4, val=0)
+    victim = os.path.join(extra, "train", "x", "0.jpg")
+    with open(victim, "rb") as f:
+        data = f.read()
+    with open(victim, "wb") as f:
+        f.write(data[:len(data) // 2])
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_trunc_unl"), "--set", f"data.root={root}", "--set",
+            f"data.unlabeled={os.path.join(extra, 'train', 'x')}"]
+
+
+@case("one sentence", "an empty (0-byte) photo among the labelled ones: `--dry-run` (was a plan, exit 0; the run "
+      "then stopped at it)", "are empty (0 bytes)", 2, "tests/data/test_imagefolder.py")
+def empty_photo(w):
+    root = photos_tree(os.path.join(w, "photos_empty"))
+    open(os.path.join(root, "val", "dog", "empty.jpg"), "wb").close()
+    return ["run", *PHOTOS, "--run-dir", os.path.join(w, "r_empty"), "--set", f"data.root={root}", "--dry-run"]
+
+
+@case("lost", "other classes in data.root, `--stages qat,export` (was refused one stage back per attempt)",
+      "the stages from teacher on must run again", 2, "tests/run/test_state.py")
+def other_classes(w):
+    first = photos_tree(os.path.join(w, "photos_classes_a"))
+    second = photos_tree(os.path.join(w, "photos_classes_b"), classes=("ant", "bee"))
+    run_dir = os.path.join(w, "r_classes")
+    run(["run", *PHOTOS, "--run-dir", run_dir, "--set", f"data.root={first}"], timeout=300)
+    return ["run", *PHOTOS, "--run-dir", run_dir, "--set", f"data.root={second}", "--stages", "qat,export"]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="/tmp/hostile", help="scratch folder (emptied first)")
