@@ -60,3 +60,14 @@ def is_peer_loss(e):
     own errors, and the gloo/NCCL transport's words. Nothing about the run is wrong; the stage was cut off."""
     return type(e).__module__.startswith("torch.distributed") or any(
         marker in str(e) for marker in ("gloo", "NCCL", "Connection reset", "Connection closed by peer"))
+
+
+def peer_loss_words(text):
+    """The transport's own words for a lost peer, without its source location and cut at a word: '[.../pair.cc:545]
+    Read error [127.0.0.1]:17536: Connection reset by peer. This is typically ...' -> 'Read error [127.0.0.1]:17536:
+    Connection reset by peer'."""
+    import re
+
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*", "", text.strip())
+    sentence = text.split(". ")[0].rstrip(".")
+    return sentence if len(sentence) <= 120 else sentence[:120].rsplit(" ", 1)[0] + " ..."

@@ -9,7 +9,7 @@ import traceback
 import click
 
 from compress import __version__
-from compress.errors import EXIT_INTERRUPTED, CompressError, Interrupted, is_peer_loss
+from compress.errors import EXIT_INTERRUPTED, CompressError, Interrupted, is_peer_loss, peer_loss_words
 from compress.fileio import SafeFormatter, safe_text, write_problem
 
 log = logging.getLogger("compress")
@@ -129,17 +129,6 @@ class CompressGroup(click.Group):
                 echo(f"error: unexpected {e.__class__.__name__}: {first} (rerun with --debug for the traceback)",
                      err=True)
             ctx.exit(1)
-
-
-def peer_loss_words(text):
-    """The transport's own words for a lost peer, without its source location and cut at a word: '[.../pair.cc:545]
-    Read error [127.0.0.1]:17536: Connection reset by peer. This is typically ...' -> 'Read error [127.0.0.1]:17536:
-    Connection reset by peer'."""
-    import re
-
-    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*", "", text.strip())
-    sentence = text.split(". ")[0].rstrip(".")
-    return sentence if len(sentence) <= 120 else sentence[:120].rsplit(" ", 1)[0] + " ..."
 
 
 def echo(text="", **kwargs):

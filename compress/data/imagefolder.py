@@ -94,7 +94,7 @@ def _scan(cfg):
         where = (f"{os.path.basename(train_dir)}/ only (no val/ or test/ beside it)" if tree == train_dir
                  else "one folder per class")
         if tree == train_dir:
-            notes += _unread_beside(root, train_dir)
+            notes += _unread_beside(root, train_dir, cfg)
         layout = f"{where}: {cfg.val_fraction:.0%} held out for validation by data.split_seed"
         given = None
     _refuse_empty(root, train + val)
@@ -106,9 +106,11 @@ def _scan(cfg):
                          "are not used; move them into their class's folder")
     if others:
         kinds = ", ".join(f"{n:,} {suffix}" for suffix, n in others.most_common(5))
+        renamed = [s for s in others if s in imageio.JPEG_ALIASES]
         notes.append(f"skipped {sum(others.values()):,} file(s) in the class folders that are not images compress "
                      f"reads ({kinds}); images in another format must be converted to one of "
-                     f"{', '.join(imageio.IMAGE_EXTENSIONS)}")
+                     f"{', '.join(imageio.IMAGE_EXTENSIONS)}"
+                     + (f" ({', '.join(renamed)} files are JPEGs: renaming them to .jpg is enough)" if renamed else ""))
     return {"layout": layout, "classes": names, "train": train, "val": val, "notes": notes}
 
 
@@ -124,11 +126,25 @@ def _unused_splits(root, train_dir, held_out):
             f"(compress validates on the first of {', '.join(f'{n}/' for n in SPLIT_FOLDERS)} there is)"]
 
 
-def _unread_beside(root, train_dir):
-    """A note naming the folders beside train/ that hold folders of their own but are not read (eval/, holdout/):
-    only the split names compress knows validate, so held-out images under another name would go unused."""
-    unread = sorted(e.name for e in os.scandir(root) if e.is_dir() and not skipped(e.name)
-                    and os.path.join(root, e.name) != train_dir and class_folders(os.path.join(root, e.name)))
+def _unread_beside(root, train_dir, cfg):
+    """A note naming the folders beside train/ laid out as splits (class folders holding images) that are not read
+    (eval/, holdout/): only the split names compress knows validate, so held-out images under another name would go
+    unused. data.unlabeled and data.cache_dir, and folders that cannot be listed, are no split."""
+    own = {os.path.realpath(os.path.expanduser(p)) for p in (cfg.unlabeled, cfg.cache_dir) if p}
+    unread = []
+    try:
+        beside = sorted(e.name for e in os.scandir(root) if e.is_dir() and not skipped(e.name))
+    except OSError:
+        return []
+    for name in beside:
+        folder = os.path.join(root, name)
+        if folder == train_dir or os.path.realpath(folder) in own:
+            continue
+        try:
+            if any(loose_images(os.path.join(folder, c)) for c in class_folders(folder)[:20]):
+                unread.append(name)
+        except OSError:  # a folder this user cannot list (lost+found/): not a split of theirs
+            continue
     if not unread:
         return []
     shown = ", ".join(f"{imageio.printable(name)}/" for name in unread[:5])

@@ -20,9 +20,10 @@ import numpy as np
 from compress.errors import InputError
 
 # the files a folder walk takes as images, in training, `compress eval` and `compress predict` alike (torchvision's
-# list, and the other names of JPEG files cameras and browsers save: .jfif, .jpe; others, such as .gif or .heic, are
-# counted and named by the data scan, never read from a folder)
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".jfif", ".jpe")
+# list: others, such as .gif or .heic, are counted and named by the data scan, never read from a folder; a new
+# suffix here would change the listing of every folder holding such files, and rerun their finished stages)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+JPEG_ALIASES = (".jfif", ".jpe")  # JPEG files under another name (browsers save .jfif): renaming them is enough
 HIGH_DEPTH_MODES = {"I;16": 65535.0, "I;16B": 65535.0, "I;16L": 65535.0, "I;16N": 65535.0, "I": 65535.0}
 
 

@@ -15,7 +15,15 @@ import time
 import yaml
 
 from compress.data.imagefolder import listed_once
-from compress.errors import EXIT_INTERRUPTED, CompressError, InputError, Interrupted, StageFailed, is_peer_loss
+from compress.errors import (
+    EXIT_INTERRUPTED,
+    CompressError,
+    InputError,
+    Interrupted,
+    StageFailed,
+    is_peer_loss,
+    peer_loss_words,
+)
 from compress.fileio import SafeFormatter, open_append, sha256_file
 from compress.run import preflight, schema
 from compress.run.config import ConfigView, load_config, read_yaml
@@ -75,9 +83,10 @@ def run_pipeline(cfg, run_root, stage_names, force=False):
             except (StageFailed, Interrupted) as e:
                 if env.is_main and run.exists():  # the report tells the whole story: what ran, and what failed
                     _report_quietly(run)
-                if force and isinstance(e, Interrupted):  # the same command again would start the stage over
-                    raise Interrupted(str(e).replace("rerun the same command", "rerun the same command without "
-                                                     "--force", 1)) from None
+                if force and isinstance(e, Interrupted) and "rerun the same command to resume" in str(e):
+                    # a checkpoint to resume from, which the same command (--force) would throw away
+                    raise Interrupted(str(e).replace("rerun the same command to resume", "rerun the same command "
+                                                     "without --force to resume", 1)) from None
                 raise
             if env.is_main:
                 results["report"] = write_report(run, STAGES)
@@ -135,9 +144,17 @@ class _RunLog:
 
 
 def _ending(exc):
-    """The log record of the error or stop that ends a run (the CLI prints the same words on the terminal)."""
+    """The log record of the error or stop that ends a run, in the words the CLI prints on the terminal."""
     stopped = isinstance(exc, (Interrupted, KeyboardInterrupt)) or getattr(exc, "exit_code", None) == EXIT_INTERRUPTED
-    text = str(exc) if isinstance(exc, CompressError) else f"unexpected {type(exc).__name__}: {exc}"
+    if isinstance(exc, CompressError):
+        text = str(exc)
+    elif isinstance(exc, KeyboardInterrupt):
+        text = "interrupted (Ctrl-C)"
+    elif is_peer_loss(exc):
+        stopped, text = True, ("lost contact with another process of the run (it stopped, crashed or was killed; "
+                               f"{peer_loss_words(str(exc).strip().splitlines()[0] if str(exc).strip() else '')})")
+    else:
+        text = f"unexpected {type(exc).__name__}: {exc}"
     return logging.makeLogRecord({"name": "compress", "levelno": logging.WARNING if stopped else logging.ERROR,
                                   "levelname": "WARNING" if stopped else "ERROR",
                                   "msg": "%s: %s", "args": ("stopped" if stopped else "error", text)})
@@ -336,6 +353,8 @@ def _decode_unlabeled_first(run, cfg, env):
         log.info("teacher: decoding data.unlabeled's images first (distill reads them after the teacher), so that "
                  "a file that cannot be read is named before the teacher trains")
     load_data(cfg.data, cfg.seed, unlabeled=True, place=pixel_place(run, cfg.data, env))
+    interrupt.stop_if_asked("while decoding data.unlabeled's images (the chunks written so far are kept)", env,
+                            what="go on")
 
 
 def _run_stage(run, cfg, env, spec, stage_state, writer):

@@ -140,7 +140,7 @@ def test_show_and_predict_say_standard_output_cannot_be_written(finished_run, tm
 
 
 def test_the_transports_words_for_a_lost_peer_are_cut_at_a_word_without_source_locations():
-    from compress.cli.base import peer_loss_words
+    from compress.errors import peer_loss_words
 
     gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:17536: "
             "Connection reset by peer. This is typically caused by a remote process exiting")
@@ -160,6 +160,9 @@ def test_torchrun_variables_left_in_the_environment(tmp_path):
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
     stray = compress_subprocess("run", "--run-dir", tmp_path / "stray", "--dry-run", env={**base, "RANK": "1"})
     assert stray.returncode == 0 and "teacher" in stray.stdout, stray.stderr
+    said = compress_subprocess("run", "--run-dir", tmp_path / "stray", "--set", "teacher.lr=-1", "--dry-run",
+                               env={**base, "RANK": "1"})  # rank 1's errors were left to a rank 0 that is not there
+    assert said.returncode == 2 and "error: config error in --set: teacher.lr" in said.stderr, said.stderr
     bad = compress_subprocess("run", "--run-dir", tmp_path / "bad", "--stages", "teacher",
                               env={**base, "RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                                    "MASTER_PORT": "29731"})

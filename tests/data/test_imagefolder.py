@@ -72,15 +72,20 @@ def test_unreadable_images_of_both_splits_are_named_in_one_error_and_empty_ones_
         scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=8"))
 
 
-def test_jpeg_files_under_their_other_names_are_images(tmp_path):
-    """.jfif (what browsers save) and .jpe are JPEG files: read, not skipped as images in another format."""
+def test_jpeg_files_under_their_other_names_are_named_with_the_rename_that_reads_them(tmp_path):
+    """.jfif (what browsers save) and .jpe are JPEG files: the note says renaming them is enough, not that they
+    must be converted. They stay out of the listing (reading them would change the listing of folders holding
+    them, and rerun finished stages that never used them)."""
+    from compress.data.imagefolder import scan
+
     for cls in ("a", "b"):
         (tmp_path / cls).mkdir()
-        for i, suffix in enumerate((".jpg", ".jfif", ".JPE", ".jpg", ".jfif")):
+        for i, suffix in enumerate((".jpg", ".jfif", ".JPE", ".jpg", ".jpg")):
             Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / cls / f"{i}{suffix}", format="JPEG")
-    data = load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=8",
-                              "data.val_fraction=0.2"), seed=0)
-    assert len(data.train) + len(data.val) == 10
+    found = scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=8"))
+    assert len(found["train"]) + len(found["val"]) == 6
+    assert any("(.jfif, .jpe files are JPEGs: renaming them to .jpg is enough)" in n for n in found["notes"]), \
+        found["notes"]
 
 
 def test_a_held_out_folder_under_a_name_compress_does_not_read_is_named(tmp_path):
@@ -90,9 +95,14 @@ def test_a_held_out_folder_under_a_name_compress_does_not_read_is_named(tmp_path
 
     sized_image_tree(tmp_path, ["train"], count=5)
     sized_image_tree(tmp_path, ["eval"], count=3)
-    notes = scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16"))["notes"]
-    assert any(note.startswith("eval/ beside train/ is not read: validation images are taken from a folder named "
-                               "val/") for note in notes), notes
+    sized_image_tree(tmp_path, ["unlabeled"], classes=("batch0",), count=3)  # data.unlabeled's: no split
+    (tmp_path / "models" / "resnet").mkdir(parents=True)  # folders without images in them: no split either
+    (tmp_path / "models" / "resnet" / "w.pth").write_bytes(b"x")
+    notes = scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=16",
+                          f"data.unlabeled={tmp_path / 'unlabeled'}"))["notes"]
+    unread = [note for note in notes if "beside train/" in note]
+    assert len(unread) == 1 and unread[0].startswith("eval/ beside train/ is not read: validation images are taken "
+                                                     "from a folder named val/"), notes
 
 
 def test_imagefolder_with_train_and_val_folders_uses_them_as_the_splits(tmp_path):

@@ -118,6 +118,9 @@ def test_a_worker_that_loses_its_peer_exits_as_interrupted_not_failed(tiny_confi
     assert line.startswith("stopped [rank 0]: lost contact with another process of the run (it stopped, crashed or "
                            "was killed; "), line
     assert ".cc:" not in line and "rerun the same command to resume" in line, line
+    last = (run / "log.txt").read_text().strip().splitlines()[-1]  # the run's log ends as the terminal does
+    assert "WARNING stopped: lost contact with another process of the run (it stopped, crashed or was killed; " \
+        in last and ".cc:" not in last, last
     assert re.search(r"exitcode\s*: 130 \(pid", proc.stderr), proc.stderr[-3000:]
     assert json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["status"] == "interrupted"
 
