@@ -17,8 +17,9 @@ They never know whether the teacher ran now or its logits came from the teacher-
 caller decides; an unlabelled image has no other).
 
 `LOGIT_LOSSES` is the registry: name -> LogitLoss (its function, label, paper settings, parameters). The config's
-choices, `--help`, the reference, the log's words and the docs come from it; adding a loss is one entry here
-(and its test). torch is imported inside the functions, so the config reads this registry without loading it.
+choices, `--help`, the reference, the log's words and the docs come from it; adding a loss is one entry here, the
+regenerated config reference and its test (docs/extending.md). torch is imported inside the functions, so the
+config reads this registry without loading it.
 """
 
 from typing import Callable, NamedTuple
