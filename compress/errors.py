@@ -71,3 +71,10 @@ def peer_loss_words(text):
     text = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*", "", text.strip())
     sentence = text.split(". ")[0].rstrip(".")
     return sentence if len(sentence) <= 120 else sentence[:120].rsplit(" ", 1)[0] + " ..."
+
+
+def peer_loss_text(first_line):
+    """What a worker that lost its peers says, after 'stopped', on the terminal and as its run log's last line."""
+    return (f"lost contact with another process of the run (it stopped, crashed or was killed; "
+            f"{peer_loss_words(first_line)}); rerun the same command to resume from the last checkpoint - with "
+            "--max-restarts N the group restarts and resumes by itself")

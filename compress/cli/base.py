@@ -9,14 +9,29 @@ import traceback
 import click
 
 from compress import __version__
-from compress.errors import EXIT_INTERRUPTED, CompressError, Interrupted, is_peer_loss, peer_loss_words
+from compress.errors import EXIT_INTERRUPTED, CompressError, Interrupted, is_peer_loss, peer_loss_text
 from compress.fileio import SafeFormatter, safe_text, write_problem
 
 log = logging.getLogger("compress")
 
 _debug = {"on": bool(os.environ.get("COMPRESS_DEBUG")), "verbose": False}
+class _Held(logging.handlers.MemoryHandler):
+    """Lines kept in memory until a run's log.txt takes them (compress.run.pipeline._RunLog), at most `capacity`
+    of them: a command that never opens a run log keeps the first lines and drops the rest."""
+
+    def __init__(self, capacity):
+        super().__init__(capacity, flushLevel=logging.CRITICAL + 1)
+
+    def shouldFlush(self, record):
+        return False
+
+    def emit(self, record):
+        if len(self.buffer) < self.capacity:
+            self.buffer.append(record)
+
+
 # library warnings raised before the run directory can be written (model checks in preflight) wait here
-_EARLY = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
+_EARLY = _Held(capacity=100_000)
 
 
 def _set_debug(ctx, param, value):
@@ -63,21 +78,6 @@ def setup_logging(rank=0):
     warnings_log.handlers[:] = [handler] if loud and rank == 0 else [_EARLY]
 
 
-class _Held(logging.handlers.MemoryHandler):
-    """Lines kept in memory until a run's log.txt takes them (compress.run.pipeline._RunLog), at most `capacity`
-    of them: a command that never opens a run log keeps the first lines and drops the rest."""
-
-    def __init__(self, capacity):
-        super().__init__(capacity, flushLevel=logging.CRITICAL + 1)
-
-    def shouldFlush(self, record):
-        return False
-
-    def emit(self, record):
-        if len(self.buffer) < self.capacity:
-            self.buffer.append(record)
-
-
 class CompressGroup(click.Group):
     """Turns errors into one line on stderr and an exit code; tracebacks only with --debug."""
 
@@ -121,9 +121,7 @@ class CompressGroup(click.Group):
                 echo(f"error: {write_problem(e)}", err=True)
                 ctx.exit(2)
             if "RANK" in os.environ and is_peer_loss(e):  # the stage is recorded interrupted: exit as one
-                echo(f"stopped [rank {os.environ['RANK']}]: lost contact with another process of the run (it stopped, "
-                     f"crashed or was killed; {peer_loss_words(first)}); rerun the same command to resume from the "
-                     "last checkpoint - with --max-restarts N the group restarts and resumes by itself", err=True)
+                echo(f"stopped [rank {os.environ['RANK']}]: {peer_loss_text(first)}", err=True)
                 ctx.exit(EXIT_INTERRUPTED)
             else:
                 echo(f"error: unexpected {e.__class__.__name__}: {first} (rerun with --debug for the traceback)",

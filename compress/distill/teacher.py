@@ -29,9 +29,13 @@ class StudentWithRegressor(nn.Module):
         for name, layer in self.layers.items():
             out = self.tap.outputs[layer]
             adapter = self.adapters[self._adapter_of[name]] if self._adapter_of[name] in self.adapters else None
-            features[name] = out if adapter is None else adapter(
-                out.flatten(1) if isinstance(adapter, nn.Linear) else out)
+            features[name] = out if adapter is None else adapted(adapter, out)
         return logits, features
+
+
+def adapted(adapter, features):
+    """A feature loss's adapter applied to the student's features (a linear one to them flattened)."""
+    return adapter(features.flatten(1) if isinstance(adapter, nn.Linear) else features)
 
 
 class FrozenTeacher:
@@ -146,6 +150,6 @@ def _adapted_shape(adapter, shape):
     try:
         with torch.no_grad():
             probe = torch.zeros(2, *shape)
-            return tuple(adapter.eval()(probe.flatten(1) if isinstance(adapter, nn.Linear) else probe).shape[1:])
+            return tuple(adapted(adapter.eval(), probe).shape[1:])
     finally:
         adapter.train(was_training)

@@ -22,7 +22,7 @@ from compress.errors import (
     Interrupted,
     StageFailed,
     is_peer_loss,
-    peer_loss_words,
+    peer_loss_text,
 )
 from compress.fileio import SafeFormatter, open_append, sha256_file
 from compress.run import preflight, schema
@@ -151,8 +151,7 @@ def _ending(exc):
     elif isinstance(exc, KeyboardInterrupt):
         text = "interrupted (Ctrl-C)"
     elif is_peer_loss(exc):
-        stopped, text = True, ("lost contact with another process of the run (it stopped, crashed or was killed; "
-                               f"{peer_loss_words(str(exc).strip().splitlines()[0] if str(exc).strip() else '')})")
+        stopped, text = True, peer_loss_text(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
     else:
         text = f"unexpected {type(exc).__name__}: {exc}"
     return logging.makeLogRecord({"name": "compress", "levelno": logging.WARNING if stopped else logging.ERROR,
