@@ -55,7 +55,8 @@ def new_student(cfg, data):
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model.student, data.input_shape, data.num_classes)
     if cfg.model.student_weights:
-        log.info("distill: %s", load_pretrained(model, weights_of(cfg.model, "student"), "model.student_weights"))
+        note = load_pretrained(model, weights_of(cfg.model, "student"), "model.student_weights", cfg.model.student)
+        log.info("distill: %s", note)
     return model
 
 

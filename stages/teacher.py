@@ -35,7 +35,8 @@ def build_teacher(cfg, data):
     torch.manual_seed(cfg.seed)  # identical initialisation on every rank (DDP also broadcasts rank 0's)
     model = build_model(cfg.model.teacher, data.input_shape, data.num_classes)
     if cfg.model.teacher_weights:
-        log.info("teacher: %s", load_pretrained(model, weights_of(cfg.model, "teacher"), "model.teacher_weights"))
+        note = load_pretrained(model, weights_of(cfg.model, "teacher"), "model.teacher_weights", cfg.model.teacher)
+        log.info("teacher: %s", note)
     return model
 
 

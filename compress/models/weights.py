@@ -275,6 +275,47 @@ def _stem_hint(model, state, target):
             "registry's small-image one)")
 
 
+def _family(model_name):
+    """The letters a model name's architecture family starts with ('torchvision:resnet18', 'resnet10_half': 'resnet';
+    'mobilenet_v3_small': 'mobilenet'), or ''."""
+    m = re.match(r"[a-z]+", (model_name or "").split(":")[-1].lower())
+    return m.group(0) if m and len(m.group(0)) >= 3 else ""
+
+
+def _fits_apart_from_head(state, candidate):
+    """Whether `state` holds exactly `candidate`'s tensors (same keys, same shapes), bar its classifier head."""
+    heads = head_keys(candidate)
+    target = candidate.state_dict()
+    body = {k: v for k, v in target.items() if k not in heads}
+    return (all(k in state and tuple(state[k].shape) == tuple(v.shape) for k, v in body.items())
+            and set(state) - set(body) <= heads)
+
+
+def _architecture_hint(state, model_name, key):
+    """For weights that do not fit the model: the sentence naming the torchvision architecture of the model's family
+    they do fit (resnet34's weights given to a resnet18), or ''. Candidates are built on the meta device: shapes
+    without values, a fraction of a second for a family."""
+    family = _family(model_name)
+    if not family:
+        return ""
+    import torchvision
+    from torchvision.models import get_model, list_models
+
+    own = _builder_of(model_name) if model_name.startswith("torchvision:") else None
+    for name in list_models(module=torchvision.models):
+        if family not in name or name == own:
+            continue
+        try:
+            with torch.device("meta"):
+                candidate = get_model(name)
+        except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device is not a candidate
+            continue
+        if _fits_apart_from_head(state, candidate):
+            return (f"its keys and shapes are those of torchvision's {name}: set {key.removesuffix('_weights')}="
+                    f"torchvision:{name}, or give weights made for {model_name}")
+    return ""
+
+
 def and_more(keys):
     """'<first key>', or '<first key> (and N more tensors)'."""
     more = len(keys) - 1
@@ -312,11 +353,12 @@ def _value_problem(state, target):
     return ""
 
 
-def load_pretrained(model, path, key):
-    """Load a weights file into `model`; a classifier head of another size, or none in the file, leaves the
-    model's own (fresh) head. Returns a one-line description of what was loaded. Every refusal (an unreadable file,
-    keys or shapes that do not fit, integer or non-finite tensors) is an InputError raised before `model` is
-    touched."""
+def load_pretrained(model, path, key, model_name=None):
+    """Load a weights file into `model` (built from the config's `model_name`, which names, in a refusal, the
+    torchvision architecture of its family the file fits instead); a classifier head of another size, or none in
+    the file, leaves the model's own (fresh) head. Returns a one-line description of what was loaded. Every refusal
+    (an unreadable file, keys or shapes that do not fit, integer or non-finite tensors) is an InputError raised
+    before `model` is touched."""
     state = read_state_dict(path, key)
     target = model.state_dict()
     heads = head_keys(model)
@@ -334,7 +376,8 @@ def load_pretrained(model, path, key):
     problem = key_mismatch(target, state, "wrong shape", lambda t, v: t.shape != v.shape,
                            lambda k, v: f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}")
     if problem:
-        hint = _channel_hint(model, state, target) or _stem_hint(model, state, target)
+        hint = (_channel_hint(model, state, target) or _stem_hint(model, state, target)
+                or _architecture_hint(state, model_name, key))
         if hint:
             raise InputError(f"{key}: '{path}' does not fit this model ({problem}): {hint}")
         if common and not any(k.startswith(common) for k in target):

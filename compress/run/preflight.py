@@ -335,7 +335,7 @@ def _weights_problems(cfg, stage_names, built):
         if not path or stage not in stage_names or key not in built or not os.path.isfile(os.path.expanduser(path)):
             continue  # not read by this run, or not there (problems() says so)
         try:
-            note = load_pretrained(built[key], path, f"{key}_weights")
+            note = load_pretrained(built[key], path, f"{key}_weights", getattr(cfg.model, key.split(".")[1]))
         except InputError as e:
             found.append(str(e))
             continue

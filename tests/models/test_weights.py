@@ -59,6 +59,32 @@ def test_a_prefixed_checkpoint_of_another_architecture_says_every_key_has_the_pr
     assert str(e.value).startswith("model.teacher_weights: '")
 
 
+@pytest.mark.parametrize("model_name, given, named", [
+    ("torchvision:resnet18", "resnet34", "resnet34"),
+    ("resnet10_half", "resnet50", "resnet50"),  # a registry student of the same family
+    ("torchvision:mobilenet_v3_small", "mobilenet_v3_large", "mobilenet_v3_large"),
+])
+def test_weights_of_another_architecture_of_the_family_name_it_and_the_setting(tmp_path, model_name, given, named):
+    torch.manual_seed(0)
+    torch.save(torchvision.models.get_model(given, num_classes=1000).state_dict(), tmp_path / "other.pth")
+    model = build_model(model_name, (3, 32, 32), 5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(InputError) as e:
+        load_pretrained(model, str(tmp_path / "other.pth"), "model.teacher_weights", model_name)
+    assert (f"its keys and shapes are those of torchvision's {named}: set model.teacher=torchvision:{named}, "
+            f"or give weights made for {model_name}") in str(e.value)
+    assert same(before, model.state_dict())  # refused before the model was touched
+
+
+def test_weights_of_no_known_architecture_ask_without_naming_one(tmp_path):
+    torch.save(build_model("resnet10_half", (3, 32, 32), 5).state_dict(), tmp_path / "r10.pth")
+    with pytest.raises(InputError) as e:
+        load_pretrained(build_model("compact_cnn", (3, 32, 32), 5), str(tmp_path / "r10.pth"),
+                        "model.student_weights", "compact_cnn")
+    assert str(e.value).endswith("is it a checkpoint of another architecture?")
+    assert "torchvision's" not in str(e.value)
+
+
 def test_a_state_dict_under_an_unknown_key_is_found_and_none_or_several_are_named(tmp_path):
     state = resnet18_state()
     torch.save({"net": state, "epoch": 3, "best_acc": 0.9}, tmp_path / "net.pth")
