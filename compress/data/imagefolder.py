@@ -10,7 +10,7 @@ from collections import Counter
 
 import torch
 
-from compress.data.builtin import _split, augment_of
+from compress.data.builtin import augment_of
 from compress.data.imageset import FINGERPRINT_BYTES, UNLABELLED, FileImages, ImageSet
 from compress.data.pixels import UnreadableImages, raise_unreadable, unreadable_sentence
 from compress.data.registry import input_shape_of
@@ -88,7 +88,7 @@ def _scan(cfg):
                          f"other splits beside it: only this folder is used, split by data.split_seed; point "
                          f"data.root at {parent} to use its splits as given")
         names, samples = class_tree(tree, others)
-        train_idx, val_idx = _split(len(samples), cfg.val_fraction, cfg.split_seed)
+        train_idx, val_idx = stratified_split([label for _, label in samples], cfg.val_fraction, cfg.split_seed)
         train_idx = train_idx[:cfg.limit] if cfg.limit else train_idx
         train, val = [samples[i] for i in train_idx], [samples[i] for i in val_idx]
         where = (f"{os.path.basename(train_dir)}/ only (no val/ or test/ beside it)" if tree == train_dir
@@ -185,6 +185,25 @@ def _turned(items):
             "a viewer to rotate them; compress uses pixels as stored (as torchvision, timm and the exported file's "
             "rule do), so it trains on them turned: if your app rotates photos by EXIF before inference, rotate the "
             "files first (e.g. mogrify -auto-orient)"]
+
+
+def stratified_split(labels, val_fraction, seed):
+    """(training indices, validation indices): val_fraction of every class held out (rounded; at least one image of
+    a class with two or more, never its last one), drawn by `seed`; both lists in one seeded random order, so
+    data.limit's first N training images are a random sample. Stratified as scikit-learn's train_test_split(stratify=)
+    is: a random split of a small folder can leave a class with no validation image, or with ten times its share."""
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed)).tolist()
+    sizes = Counter(labels)
+    quota = {c: min(n - 1, max(1 if n > 1 else 0, round(n * val_fraction))) for c, n in sizes.items()}
+    taken, train, val = Counter(), [], []
+    for i in order:
+        c = labels[i]
+        if taken[c] < quota[c]:
+            taken[c] += 1
+            val.append(i)
+        else:
+            train.append(i)
+    return train, val
 
 
 def _balance(names, train, val, given=None):

@@ -71,7 +71,7 @@ class DataConfig:
                                    "dev/, test/, testing/) as the splits, or a flat root/<class>/<image>")
     download: bool = _f(False, "cifar10 only: download into root if it is not there (needs network)")
     val_fraction: float = _f(0.1, "share of the data held out for validation when no split is given (mnist5k, "
-                                  "digits, a flat imagefolder), chosen by split_seed")
+                                  "digits, a flat imagefolder: that share of every class), chosen by split_seed")
     split_seed: int = _f(0, "seed of that train/validation split (fixed, so runs with different seeds compare "
                             "on the same images)")
     image_size: Optional[int] = _f(None, "square size the model sees; default: the dataset's own (imagefolder: 32)")

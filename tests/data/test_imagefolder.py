@@ -302,20 +302,22 @@ def test_a_run_lists_its_images_once_however_many_stages_ask_and_the_next_run_li
 
 @pytest.mark.e2e
 def test_a_tiny_or_lopsided_folder_runs_end_to_end_and_the_summary_says_what_its_numbers_are_worth(tmp_path):
-    """2 classes of 2 images (1 validation image) run end to end, and the summary names a class left without
-    training images by the split and a 1,000:40 imbalance, so the user knows what the numbers are worth."""
+    """2 classes of 2 images and a class of 1 (2 validation images) run end to end, and the summary names the class
+    the split could not hold an image of out for validation and a 40:2 imbalance, so the user knows what the
+    numbers are worth."""
     image_tree(tmp_path / "img", splits=("",), count=2)
+    image_tree(tmp_path / "img", splits=("",), classes=("owl",), count=1)
     result = invoke("run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder", "--set",
                     f"data.root={tmp_path / 'img'}", "--set", "data.image_size=8", "--set", "model.teacher=compact_cnn",
                     "--set", "model.student=compact_cnn", "--set", "teacher.epochs=1", "--set", "distill.epochs=1",
                     "--set", "qat.epochs=1", "--set", "qat.max_accuracy_drop=100", "--set", "qat.float_layers=[]",
                     "--set", "export.latency_repeats=2", "--set", "export.min_int8_speedup=0")
     assert result.exit_code == 0, result.output
-    assert "1 validation image(s): each one is 100.0 points of accuracy" in result.stderr
-    assert "no validation image of class " in result.stderr and os.path.isfile(tmp_path / "run" / "report.md")
+    assert "2 validation image(s): each one is 50.0 points of accuracy" in result.stderr
+    assert "no validation image of class owl" in result.stderr and os.path.isfile(tmp_path / "run" / "report.md")
     scored = invoke("eval", tmp_path / "run", tmp_path / "img")
     assert scored.exit_code == 0 and "top-1 " in scored.output
-    assert "top-5" not in scored.output  # 100 % by definition with 2 classes
+    assert "top-5" not in scored.output  # 100 % by definition with 3 classes
     assert f"warning: '{tmp_path / 'img'}' holds the images this model was trained on (data.root of " \
         f"{tmp_path / 'run'}): the accuracy below is not a held-out one" in scored.stderr
     image_tree(tmp_path / "lopsided", splits=("",), classes=("cat",), count=40)
@@ -561,6 +563,25 @@ def test_a_held_out_folder_left_unused_beside_the_one_validated_on_is_named(tmp_
     assert "train/ and valid/ folders, used as given" in result.output
     assert ("data: validation uses valid/; test/ beside it is not used (compress validates on the first of val/, "
             "valid/, validation/, dev/, test/, testing/ there is)" in result.output)
+
+
+def test_a_flat_folder_holds_out_the_same_share_of_every_class(tmp_path):
+    """data.val_fraction of each class, drawn by data.split_seed: 3 classes of 20 images give 2 validation images
+    each (a random split of the 60 by seed 0 gave one class none), the two splits disjoint and whole, and
+    data.limit's training images a random sample, not the first classes."""
+    from compress.data.imagefolder import scan
+
+    image_tree(tmp_path / "img", splits=("",), classes=("cat", "dog", "owl"), count=20)
+    for seed in (0, 1):
+        found = scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'img'}", f"data.split_seed={seed}"))
+        assert Counter(label for _, label in found["val"]) == {0: 2, 1: 2, 2: 2}
+        paths = [p for p, _ in found["train"] + found["val"]]
+        assert len(paths) == len(set(paths)) == 60
+        assert not any("no validation image" in note for note in found["notes"])
+    other = scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'img'}", "data.split_seed=0"))["val"]
+    assert found["val"] != other  # the seed draws which images
+    limited = scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'img'}", "data.limit=12"))["train"]
+    assert len(limited) == 12 and len({label for _, label in limited}) > 1
 
 
 def test_advice_for_a_small_or_missing_split_fits_how_the_splits_were_made(tmp_path):
