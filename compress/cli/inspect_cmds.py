@@ -49,6 +49,7 @@ def show(run_dir):
     run = _existing_run(run_dir, "show")
     manifest = run.manifest()
     states = stage_states(run, STAGES, manifest)
+    drift = _config_drift(run)
     holder = lock_holder(run)
     echo(f"run {run.root}" + (f" (another compress run is using it now: {holder})" if holder else ""))
     for name in STAGES:
@@ -60,6 +61,9 @@ def show(run_dir):
         if entry.get("seconds") is not None and state != "not run":
             line += f"  {entry['seconds']:.1f}s, {entry.get('world_size', 1)} process(es)"
         echo(line)
+        if name in drift:
+            echo(f"         config.yaml changed since it ran ({', '.join(drift[name][:4])}): the next `compress run "
+                 f"--run-dir {run.root}` runs it again (`--dry-run` shows the plan)")
         metrics = entry.get("metrics") or {}
         shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if shown and state in ("complete", "invalidated"):
@@ -67,6 +71,23 @@ def show(run_dir):
         for rel, sha in (entry.get("outputs") or {}).items():
             echo(f"         {file_check(run, rel, sha):10} {rel}")
     _show_results(run, STAGES, states, manifest)
+
+
+def _config_drift(run):
+    """{stage: [config keys]} of the completed stages the run's config.yaml, edited since, would run again; {} when
+    it cannot be read (`compress run` says why)."""
+    from compress.errors import CompressError
+    from compress.run.config import load_config
+    from compress.run.state import config_drift
+    from stages import STAGES
+
+    if not os.path.isfile(run.config_path):
+        return {}
+    try:
+        cfg = load_config(run.config_path, run_config=True, follow_links=False)
+        return dict(config_drift(run, cfg, STAGES, list(STAGES)))
+    except CompressError:
+        return {}
 
 
 def _show_results(run, stages, states, manifest):

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import yaml
 
 from conftest import invoke
 
@@ -23,6 +24,24 @@ def test_show_reports_modified_files(run_copy):
     refused = invoke("show", run_copy)
     assert refused.exit_code == 2 and f"'{run_copy / 'manifest.json'}' is not a regular file (a folder, pipe, device " \
         "or link); replace it with the run's manifest" in refused.stderr
+
+
+def test_show_names_the_stages_an_edited_config_yaml_would_run_again(run_copy):
+    """A finished run whose config.yaml was edited by hand: its stages are still complete (their files are as
+    written), and show says which the next run repeats and for which keys - not 'complete' alone."""
+    assert "config.yaml changed" not in invoke("show", run_copy).output
+    config = run_copy / "config.yaml"
+    edited = yaml.safe_load(config.read_text())
+    edited["qat"]["lr"] = 0.000123
+    config.write_text(yaml.safe_dump(edited))
+    shown = invoke("show", run_copy)
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+    said = [lines[i - 1].split()[0] for i, line in enumerate(lines) if "config.yaml changed since it ran" in line]
+    assert said == ["qat"], shown.stdout
+    assert f"(qat.lr): the next `compress run --run-dir {run_copy}` runs it again" in shown.stdout
+    config.write_text("teacher: [")  # unreadable: show still shows (compress run says what is wrong)
+    assert invoke("show", run_copy).exit_code == 0
 
 
 def test_show_names_the_verdict_the_student_alone_and_the_ptq_file(finished_run):
