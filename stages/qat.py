@@ -100,10 +100,9 @@ def _budget_message(ctx, m, q, classes, images):
     """The accuracy-budget failure, with the keys that change the outcome and values to try."""
     allow = math.ceil(m["accuracy_drop"] + 0.5)
     one = 100.0 / images  # points a single validation image is worth
-    advice = (f"accept the loss with --set qat.max_accuracy_drop={allow} (export then measures onnxruntime's "
-              f"post-training quantization beside it, with export.ptq on as by default, and weighs that file against "
-              f"fp32 instead if it is more accurate beyond noise), or let QAT recover it: more epochs (--set "
-              f"qat.epochs={2 * q.epochs}) or a gentler learning rate (--set qat.lr={q.lr / 2:g})")
+    advice = (f"accept the loss with --set qat.max_accuracy_drop={allow} (this model is judged again, not retrained; "
+              f"export still weighs onnxruntime's post-training quantization beside it), or let QAT recover it: "
+              f"more epochs (--set qat.epochs={2 * q.epochs}) or a gentler learning rate (--set qat.lr={q.lr / 2:g})")
     chance = 100.0 / classes
     if m["float_acc"] < 2 * chance:
         advice += (f"; the float model itself is at {m['float_acc']:.2f}% (chance: {chance:.1f}%): train the teacher "

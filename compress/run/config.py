@@ -433,7 +433,9 @@ class QATConfig(OptimConfig):
               "[]: quantize every layer")
     freeze_observers_after: int = _f(1, "stop updating quantization ranges after this many epochs")
     freeze_bn_after: int = _f(1, "freeze batch-norm statistics after this many epochs")
-    max_accuracy_drop: float = _f(1.0, "fail the stage if int8 accuracy is more than this many points below float")
+    max_accuracy_drop: float = _f(1.0, "fail the stage if int8 accuracy is more than this many points below float "
+                                       "(a judgement: changed alone, it retrains nothing; a failed stage rerun with "
+                                       "another budget judges its model again)")
     ce_weight: float = _f(1.0, "weight of the cross-entropy on labels")
     kd_weight: float = _f(1.0, "weight of distillation from the float model being quantized (frozen, run on every "
                                "batch): T^2 KL(softmax(float/T) || softmax(fake-quant/T)); it keeps what distillation "
@@ -799,6 +801,9 @@ def section_hash(cfg, keys):
 
 
 NO_RESULT = ("cache_mb", "cache_dir", "download")  # how images are held or fetched, never which they are
+# keys that judge a stage's result and change nothing in it: a stage that failed its budget, rerun with the budget
+# its message advises, continues from its last checkpoint and judges the same model again instead of retraining
+JUDGES_RESULT = {"qat": ("max_accuracy_drop",)}
 # keys whose null reproduces what ran before they existed
 AS_BEFORE_WHEN_NULL = ("norm_weight_decay", "latency_threads")
 COVERED_BY_LISTING = ("val_fraction", "split_seed", "limit")  # an image folder's listing digest holds their effect
@@ -808,7 +813,7 @@ UNUSED_BY_AUGMENT = {"none": ("crop_padding", "crop_scale"), "pad_crop": ("crop_
 
 def result_hash(cfg, keys, images_followed):
     """A hash of the stage's config slice as far as it can change the stage's result: without data.cache_mb,
-    data.cache_dir and data.download, without the crop keys data.augment does not read, without the keys of
+    data.cache_dir and data.download, without the keys that only judge the result (JUDGES_RESULT), without the crop keys data.augment does not read, without the keys of
     AS_BEFORE_WHEN_NULL left at null, data.root and data.unlabeled as the folders they name (a trailing slash, a
     relative path or a link to the same folder is the same folder), data.flip's default as it resolves, and -
     where the images' listing digest is an input (`images_followed`) - without the keys whose effect that digest
@@ -828,6 +833,11 @@ def as_it_counts(picked, images_followed):
             for key in AS_BEFORE_WHEN_NULL:
                 if key in section and section[key] is None:
                     section.pop(key)
+    for name, keys in JUDGES_RESULT.items():
+        for key in keys:
+            picked.pop(f"{name}.{key}", None)
+            if isinstance(picked.get(name), dict):
+                picked[name].pop(key, None)
     data = picked.get("data")
     if isinstance(data, dict):
         for key in NO_RESULT + (COVERED_BY_LISTING if images_followed and data.get("name") == "imagefolder" else ()):

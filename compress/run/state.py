@@ -17,7 +17,7 @@ from typing import Optional
 
 from compress.errors import CompressError, InputError
 from compress.fileio import sha256_file
-from compress.run.config import ConfigView, as_it_counts, config_slice, result_hash, section_hash
+from compress.run.config import JUDGES_RESULT, ConfigView, as_it_counts, config_slice, result_hash, section_hash
 from compress.run.contract import (
     CODE_DIGEST,
     DIGESTS,
@@ -158,7 +158,24 @@ def decide(run, cfg, spec, force, stages, world, planning=False, running_first=(
         if other is not None and _made_alike(other.extra["_made_with"], base):  # not ==: a part resumed under a
             # result-irrelevant change (or by the next version) records another config hash than the main part
             resume[part] = _same_world(other, world)
-    return StageState(action="resume", reason=_resume_reason(entry, resume[""], epochs), resume=resume, **base)
+    return StageState(action="resume", reason=_resume_reason(entry, resume[""], epochs, _judged_anew(entry, base)),
+                      resume=resume, **base)
+
+
+def _judged_anew(entry, base):
+    """'qat.max_accuracy_drop 3 (was 1)' for the keys that only judge the result (JUDGES_RESULT) and differ between
+    the stage's last run (its manifest entry) and this decision, or ''."""
+    old, new = (entry or {}).get("config"), base.get("config") or {}
+    if not isinstance(old, dict):
+        return ""
+    changed = []
+    for name, keys in JUDGES_RESULT.items():
+        for key in keys:
+            then, now = (c.get(name, {}).get(key) if isinstance(c.get(name), dict) else c.get(f"{name}.{key}")
+                         for c in (old, new))
+            if then != now:
+                changed.append(f"{name}.{key} {now} (was {then})")
+    return ", ".join(changed)
 
 
 def _made_alike(made_with, base):
@@ -231,13 +248,15 @@ def _same_world(point, world):
     return point
 
 
-def _resume_reason(entry, point, epochs):
+def _resume_reason(entry, point, epochs, judged_anew=""):
     where = ("after its last epoch" if epochs is not None and point.epoch >= epochs
              else f"at epoch {point.epoch + 1}, step {point.step}")
     if "written_by_world" in point.extra:
         then, now = point.extra["written_by_world"], point.extra["resumed_by_world"]
         where += (f" (written by {then} process{'es' if then != 1 else ''}, resumed by {now}: the same images in the "
                   "same order, the result not bit-identical to a run that was never stopped)")
+    if entry and entry.get("status") == "failed" and judged_anew:
+        return f"{_last_run(entry)}; continuing from its checkpoint {where} to judge its model by {judged_anew}"
     if entry and entry.get("status") == "failed":
         return (f"{_last_run(entry)}; continuing from its checkpoint {where} with the same config - change the "
                 "setting the message names to get another result")

@@ -34,7 +34,8 @@ def test_a_qat_budget_failure_says_which_keys_to_change(finished_run, tmp_path):
     assert result.exit_code == 1, result.output
     message = result.stderr.strip().splitlines()[-1]
     assert "over the budget qat.max_accuracy_drop=0.0; accept the loss with --set qat.max_accuracy_drop=" in message
-    assert "(export then measures onnxruntime's post-training quantization beside it" in message
+    assert "(this model is judged again, not retrained; export still weighs onnxruntime's post-training " \
+           "quantization beside it)" in message
     assert "(--set qat.epochs=4) or a gentler learning rate (--set qat.lr=1)" in message
     counted = re.search(r"points below the float model's [0-9.]+% \(([0-9]+) of ([0-9,]+) validation images\)", message)
     images = int(counted.group(2).replace(",", ""))
@@ -44,6 +45,16 @@ def test_a_qat_budget_failure_says_which_keys_to_change(finished_run, tmp_path):
     assert "- qat failed: qat: int8 accuracy" in report
     again = invoke("run", "--run-dir", run, "--stages", "qat")  # a failed run is not taken for an interrupted one
     assert "qat: the last run failed (qat: int8 accuracy" in again.stderr
+    # the advice taken: the same model judged by the budget it names, not trained again
+    allow = re.search(r"accept the loss with --set (qat\.max_accuracy_drop=[0-9]+)", message).group(1)
+    weights = (run / "qat" / "qat.safetensors").read_bytes()
+    accepted = invoke("run", "--run-dir", run, "--stages", "qat", "--set", allow, "--set", "qat.optimizer=sgd",
+                      "--set", "qat.lr=2")
+    assert accepted.exit_code == 0, accepted.output
+    assert f"continuing from its checkpoint after its last epoch to judge its model by {allow.replace('=', ' ')}" \
+        in accepted.stderr
+    assert "epoch 1/" not in accepted.stderr  # no epoch trained
+    assert (run / "qat" / "qat.safetensors").read_bytes() == weights
 
 
 def test_qat_accuracy_budget_fails_the_stage_and_keeps_its_outputs(run_copy):
