@@ -91,6 +91,7 @@ def _scan(cfg):
         train_idx, val_idx = stratified_split([label for _, label in samples], cfg.val_fraction, cfg.split_seed)
         train_idx = train_idx[:cfg.limit] if cfg.limit else train_idx
         train, val = [samples[i] for i in train_idx], [samples[i] for i in val_idx]
+        notes += _flat_copies(val, train)
         where = (f"{os.path.basename(train_dir)}/ only (no val/ or test/ beside it)" if tree == train_dir
                  else "one folder per class")
         if tree == train_dir:
@@ -424,13 +425,7 @@ def _split_overlap(root, train_dir, held_out, train, val):
         raise InputError(f"data.root: {len(linked):,} of the {len(val):,} images in {held_out}/ are training images "
                          f"through links (e.g. '{linked[0][0]}' is '{linked[0][1]}'): validation accuracy on them says "
                          f"nothing about new photos; {fix}")
-    sample = [val[i * len(val) // COPY_SAMPLE] for i in range(COPY_SAMPLE)] if len(val) > COPY_SAMPLE else val
-    by_class = {}
-    for path, label in train:
-        by_class.setdefault(label, []).append(path)
-    copies = []
-    for label in sorted({label for _, label in sample}):
-        copies += _same_bytes([path for path, k in sample if k == label], by_class[label])
+    sample, copies = _copies_of_training_images(train, val)
     if not copies:
         return []
     told = (f"{len(copies)} of {len(sample)} {'sampled ' if len(sample) < len(val) else ''}images in {held_out}/ are "
@@ -439,6 +434,33 @@ def _split_overlap(root, train_dir, held_out, train, val):
         raise InputError(f"data.root: {told}: {held_out}/ holds the training images, and validation accuracy on them "
                          f"says nothing about new photos; {fix}")
     return [f"{told}: the validation accuracy counts them, which reads higher than on new photos"]
+
+
+def _copies_of_training_images(train, val):
+    """(the validation images looked at, [(validation image, training image it copies)]): every validation image, or
+    COPY_SAMPLE evenly spaced ones of a larger split; a copy is the same file (through a link) or the same bytes in
+    the same class. Only files of a size found in the same class are read."""
+    sample = [val[i * len(val) // COPY_SAMPLE] for i in range(COPY_SAMPLE)] if len(val) > COPY_SAMPLE else val
+    by_class = {}
+    for path, label in train:
+        by_class.setdefault(label, []).append(path)
+    copies = []
+    for label in sorted({label for _, label in sample}):
+        copies += _same_bytes([path for path, k in sample if k == label], by_class.get(label, []))
+    return sample, copies
+
+
+def _flat_copies(val, train):
+    """The note for a folder split by data.split_seed whose validation share holds copies of training images
+    (`IMG_1 (1).jpg` beside `IMG_1.jpg`, a folder copied into its class): they were split apart, and the validation
+    accuracy counts images trained on."""
+    sample, copies = _copies_of_training_images(train, val)
+    if not copies:
+        return []
+    return [f"{len(copies)} of the {len(sample)} {'sampled ' if len(sample) < len(val) else ''}validation images split "
+            f"off by data.split_seed are byte-identical copies of training images (e.g. '{copies[0][0]}' of "
+            f"'{copies[0][1]}'): the validation accuracy counts them, which reads higher than on new photos; remove "
+            "the duplicate files"]
 
 
 def _is_image_name(name):

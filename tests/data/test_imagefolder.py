@@ -584,6 +584,25 @@ def test_a_flat_folder_holds_out_the_same_share_of_every_class(tmp_path):
     assert len(limited) == 12 and len({label for _, label in limited}) > 1
 
 
+def test_copies_of_images_in_a_folder_split_by_the_seed_are_named_when_they_land_in_validation(tmp_path):
+    """`IMG_1 (1).jpg` beside `IMG_1.jpg`, a subfolder copied into its class: the split puts some copies in
+    validation, which then counts images trained on; a note says so and names one."""
+    from compress.data.imagefolder import scan
+
+    image_tree(tmp_path / "img", splits=("",), count=20)
+    cfg = data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'img'}")
+    assert not any("byte-identical" in note for note in scan(cfg)["notes"])
+    shutil.copytree(tmp_path / "img" / "cat", tmp_path / "dup" / "cat" / "again")
+    shutil.copytree(tmp_path / "img" / "dog", tmp_path / "dup" / "dog")
+    for f in (tmp_path / "img" / "cat").iterdir():
+        shutil.copy(f, tmp_path / "dup" / "cat")
+    found = scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'dup'}"))
+    note = next(note for note in found["notes"] if "byte-identical" in note)
+    assert re.match(r"[0-9]+ of the [0-9]+ validation images split off by data\.split_seed are byte-identical copies "
+                    r"of training images \(e\.g\. '.*cat.*' of '.*cat.*'\): the validation accuracy counts them, "
+                    r"which reads higher than on new photos; remove the duplicate files$", note), note
+
+
 def test_advice_for_a_small_or_missing_split_fits_how_the_splits_were_made(tmp_path):
     """Splits used as given (train/ and val/): more images go into val/ - data.val_fraction does nothing there;
     one folder split by the seed: data.val_fraction is the setting."""
