@@ -162,6 +162,7 @@ class StageContext:
                     "stage": self.stage, "config_hash": self.state.config_hash, "result_hash": self.state.result_hash,
                     "inputs": self.state.inputs,
                     "epoch": epoch, "step": step, "history": history, "running": sums, "world_size": env.world,
+                    "threads": torch.get_num_threads(),
                     "best_val_acc": max((h["val_acc"] for h in history), default=None),
                     # the learning rate is a pure function of the global step and the RNG is re-seeded from
                     # (seed, stage, epoch, step, rank) every step: (epoch, step) restores both exactly
@@ -187,7 +188,14 @@ class StageContext:
         validate_resume_state(state, path, epochs, steps_per_epoch)
         same_step = state["step"] == point.step
         if self.env.is_main:
-            log.info("%s: resuming from %s (epoch %d, step %d)", self.stage, point.path, point.epoch + 1, point.step)
+            where = ("after its last epoch" if point.epoch >= epochs
+                     else f"epoch {point.epoch + 1}, step {point.step}")
+            log.info("%s: resuming from %s (%s)", self.stage, point.path, where)
+            then, now = state.get("threads"), torch.get_num_threads()
+            if self.env.device.type == "cpu" and isinstance(then, int) and then != now:
+                log.warning("%s: resuming on %d CPU thread(s) per process where it trained on %d so far: the result "
+                            "differs in its last digits from a run on either count alone (train.threads fixes the "
+                            "count)", self.stage, now, then)
         # the epoch's running sums are global, counted on rank 0; they count only if we resume at their step
         running = state.get("running") if self.env.is_main and same_step else None
         return ResumePoint(point.epoch, point.step, state["history"], running)

@@ -158,7 +158,7 @@ def decide(run, cfg, spec, force, stages, world, planning=False, running_first=(
         if other is not None and _made_alike(other.extra["_made_with"], base):  # not ==: a part resumed under a
             # result-irrelevant change (or by the next version) records another config hash than the main part
             resume[part] = _same_world(other, world)
-    return StageState(action="resume", reason=_resume_reason(entry, resume[""], epochs, _judged_anew(entry, base)),
+    return StageState(action="resume", reason=_resume_reason(entry, resume, epochs, _judged_anew(entry, base)),
                       resume=resume, **base)
 
 
@@ -248,9 +248,15 @@ def _same_world(point, world):
     return point
 
 
-def _resume_reason(entry, point, epochs, judged_anew=""):
-    where = ("after its last epoch" if epochs is not None and point.epoch >= epochs
-             else f"at epoch {point.epoch + 1}, step {point.step}")
+def _resume_reason(entry, resume, epochs, judged_anew=""):
+    """Where the stage resumes, in words: `resume` holds its main part's point ('') and those of its other parts
+    (the distill stage's student alone, 'baseline') that resume too."""
+    point = resume[""]
+    done = epochs is not None and point.epoch >= epochs
+    where = "after its last epoch" if done else f"at epoch {point.epoch + 1}, step {point.step}"
+    later = [(part, p) for part, p in resume.items() if part and not (epochs is not None and p.epoch >= epochs)]
+    if done and later:  # the main model trained; another part stopped midway
+        where += "; " + ", ".join(f"its {part} part at epoch {p.epoch + 1}, step {p.step}" for part, p in later)
     if "written_by_world" in point.extra:
         then, now = point.extra["written_by_world"], point.extra["resumed_by_world"]
         where += (f" (written by {then} process{'es' if then != 1 else ''}, resumed by {now}: the same images in the "

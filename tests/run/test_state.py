@@ -313,7 +313,7 @@ def test_the_baseline_part_resumes_only_from_a_checkpoint_of_the_same_run(run):
     checkpoint(run, "distill", cfg(), epoch=8, step=0, inputs=sums)
     checkpoint(run, "distill", cfg(), epoch=3, step=2, part="baseline", inputs=sums)
     state = decide(run, cfg(), STAGES["distill"], False, STAGES, 1)
-    assert state.reason == "resuming the interrupted run after its last epoch"
+    assert state.reason == "resuming the interrupted run after its last epoch; its baseline part at epoch 4, step 2"
     assert state.resume_of("baseline").epoch == 3 and state.resume_of("baseline").step == 2
     checkpoint(run, "distill", cfg(), epoch=3, step=2, part="baseline", inputs=sums, config_hash="f" * 16)
     assert decide(run, cfg(), STAGES["distill"], False, STAGES, 1).resume_of("baseline") is None

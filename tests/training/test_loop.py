@@ -366,6 +366,21 @@ def test_ctrl_c_writes_a_checkpoint_exits_130_and_resumes_identically(finished_r
 
 
 @pytest.mark.e2e
+def test_a_resume_on_another_thread_count_says_its_result_differs_in_the_last_digits(tiny_config, tmp_path):
+    """CPU results repeat exactly only at one thread count: a run stopped on 1 thread and resumed on 2 says so
+    (the same count says nothing)."""
+    run = tmp_path / "threads"
+    base = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher"]
+    proc = fault_subprocess(*base, "--set", "train.threads=1", fault="teacher:1:5:sigint")
+    assert proc.returncode == 130, proc.stderr
+    assert read_metadata(run / "teacher" / "last" / "checkpoint.safetensors")["state"]["threads"] == 1
+    again = compress_subprocess(*base, "--set", "train.threads=2")
+    assert again.returncode == 0, again.stderr
+    assert ("teacher: resuming on 2 CPU thread(s) per process where it trained on 1 so far: the result differs in "
+            "its last digits from a run on either count alone (train.threads fixes the count)") in again.stderr
+
+
+@pytest.mark.e2e
 def test_a_closed_terminal_stops_training_like_ctrl_c(tiny_config, tmp_path):
     """SIGHUP (the terminal or ssh session closed) is a graceful stop as SIGINT and SIGTERM are: the step's
     checkpoint, exit 130 - not a process killed without a word and the work since the last epoch lost."""
