@@ -57,9 +57,10 @@ def path_problem(path, key):
     return ""
 
 
-def read_state_dict(path, key):
+def read_state_dict(path, key, entry=None):
     """Tensors from a .safetensors or PyTorch state-dict file, wrapper prefixes stripped. The file is opened only
-    once it is known to be a regular file, and read through that one descriptor (never blocking on a pipe)."""
+    once it is known to be a regular file, and read through that one descriptor (never blocking on a pipe).
+    `entry` (a list), when given, receives the words saying which entry of a checkpoint held them."""
     path = os.path.expanduser(path)
     problem = path_problem(path, key)
     if problem:
@@ -70,7 +71,7 @@ def read_state_dict(path, key):
         raise InputError(f"{key}: {e}") from None
     with os.fdopen(fd, "rb") as f:
         try:
-            return _read_open(f, path, key)
+            return _read_open(f, path, key, entry if entry is not None else [])
         except InputError as e:
             cached = _cache_damage(path, key)
             raise (InputError(cached) if cached else e) from None
@@ -92,8 +93,9 @@ def _cache_damage(path, key):
             "it again, or place the right file there")
 
 
-def _read_open(f, path, key):
-    """The state dict in the open file `f` (read from `path`), wrapper prefixes stripped."""
+def _read_open(f, path, key, entry):
+    """The state dict in the open file `f` (read from `path`), wrapper prefixes stripped; which entry of a
+    checkpoint held it appended to `entry`."""
     if path.endswith(".safetensors"):
         from safetensors import SafetensorError
         from safetensors.torch import load as load_bytes
@@ -115,6 +117,7 @@ def _read_open(f, path, key):
         state = _unwrap_checkpoint(loaded)
         if state is None:
             raise InputError(_no_state_dict(loaded, path, key))
+        entry.extend(_entry_words(loaded, state))
     return {_strip(k): v for k, v in state.items()}
 
 
@@ -173,6 +176,22 @@ def _unwrap_checkpoint(obj):
         return found
     candidates = [found for found in map(_unwrap_known, obj.values()) if found is not None]
     return candidates[0] if len(candidates) == 1 else None
+
+
+def _entry_words(loaded, state):
+    """[] for a file that is the state dict itself; else ["its 'model' entry"], with the other top-level entries that
+    hold a state dict too (an EMA copy beside the model: timm's 'state_dict_ema') named as left aside."""
+    if loaded is state or not isinstance(loaded, dict):
+        return []
+    taken = next((k for k, v in loaded.items() if v is state or _unwrap_known(v) is state), None)
+    if taken is None:
+        return []
+    others = [repr(k) for k, v in loaded.items() if k != taken and _unwrap_known(v) is not None]
+    words = f"its {taken!r} entry"
+    if others:
+        words += (f"; it also holds {', '.join(others[:3])}, left aside: to load that one, save it alone, e.g. "
+                  f"torch.save(checkpoint[{others[0]}], 'weights.pth')")
+    return [words]
 
 
 def _no_state_dict(obj, path, key):
@@ -359,7 +378,8 @@ def load_pretrained(model, path, key, model_name=None):
     the file, leaves the model's own (fresh) head. Returns a one-line description of what was loaded. Every refusal
     (an unreadable file, keys or shapes that do not fit, integer or non-finite tensors) is an InputError raised
     before `model` is touched."""
-    state = read_state_dict(path, key)
+    entry = []
+    state = read_state_dict(path, key, entry)
     target = model.state_dict()
     heads = head_keys(model)
     state, prefix = _strip_prefix(state, target, heads)
@@ -390,7 +410,7 @@ def load_pretrained(model, path, key, model_name=None):
     if problem:
         raise InputError(f"{key}: '{path}' {problem}")
     model.load_state_dict({k: v.to(target[k].dtype) for k, v in state.items()}, strict=True)
-    note = f"{key}: loaded {os.path.basename(path)}"
+    note = f"{key}: loaded {os.path.basename(path)}" + (f" ({entry[0]})" if entry else "")
     if prefix:
         note += f" (the prefix '{prefix}' stripped from its keys)"
     if aux:

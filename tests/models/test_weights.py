@@ -89,8 +89,17 @@ def test_a_state_dict_under_an_unknown_key_is_found_and_none_or_several_are_name
     state = resnet18_state()
     torch.save({"net": state, "epoch": 3, "best_acc": 0.9}, tmp_path / "net.pth")
     model = fresh_resnet18()
-    load_pretrained(model, str(tmp_path / "net.pth"), "model.student_weights")
+    note = load_pretrained(model, str(tmp_path / "net.pth"), "model.student_weights")
     assert same(state, model.state_dict())
+    assert note.startswith("model.student_weights: loaded net.pth (its 'net' entry)")
+
+    ema = resnet18_state(seed=1)  # a model and its EMA copy: the known key is taken, the other named as left aside
+    torch.save({"model": state, "model_ema": ema}, tmp_path / "ema.pth")
+    model = fresh_resnet18()
+    note = load_pretrained(model, str(tmp_path / "ema.pth"), "model.student_weights")
+    assert same(state, model.state_dict())
+    assert ("loaded ema.pth (its 'model' entry; it also holds 'model_ema', left aside: to load that one, save it "
+            "alone, e.g. torch.save(checkpoint['model_ema'], 'weights.pth'))") in note
 
     torch.save({"student": state, "teacher": state, "epoch": 3}, tmp_path / "two.pth")
     with pytest.raises(InputError, match=r"'[^']*two.pth' holds 2 state dicts \(under 'student', 'teacher'\)"):
