@@ -42,29 +42,48 @@ def busy_elsewhere(seconds=0.2):
     is idle: a neighbour on a core makes every thread scheduled there wait for it."""
     import time
 
-    def sample():
-        try:
-            with open("/proc/stat", encoding="ascii") as f:
-                lines = [line.split() for line in f if line.startswith("cpu") and line[3] != " "]
-        except OSError:
-            return None
-        mine = usable_set()
-        # user nice system idle iowait irq softirq steal: busy = all but idle and iowait
-        return {int(p[0][3:]): (sum(map(int, p[1:9])), int(p[4]) + int(p[5])) for p in lines
-                if int(p[0][3:]) in mine}
+    with BusyMeter() as meter:
+        time.sleep(seconds)
+    return meter.busy
 
-    before, own_before = sample(), time.process_time()
-    if not before:
+
+class BusyMeter:
+    """`with BusyMeter() as m: <work>` - then `m.busy`: how many of this process's usable CPUs other processes kept
+    busy while the work ran (in cores), or None where /proc/stat cannot say. The CPU time this process spent, on
+    all its threads (an onnxruntime session's included), is not counted: what the CPUs did beyond it is."""
+
+    def __enter__(self):
+        import time
+
+        self.busy = None
+        self._before, self._own, self._t = _cpu_sample(), time.process_time(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc):
+        import time
+
+        after, own, seconds = _cpu_sample(), time.process_time() - self._own, time.monotonic() - self._t
+        before = self._before
+        if not before or not after or seconds <= 0:
+            return False
+        cpus = [c for c in before if c in after]  # a CPU taken offline meanwhile is left out
+        total = sum(after[c][0] - before[c][0] for c in cpus)
+        idle = sum(after[c][1] - before[c][1] for c in cpus)
+        if total > 0:
+            self.busy = max(0.0, (total - idle) / total * len(cpus) - own / seconds)
+        return False
+
+
+def _cpu_sample():
+    """{cpu: (all jiffies, idle + iowait jiffies)} of this process's usable CPUs from /proc/stat, or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            lines = [line.split() for line in f if line.startswith("cpu") and line[3] != " "]
+    except OSError:
         return None
-    time.sleep(seconds)
-    after, own = sample(), time.process_time() - own_before
-    cpus = [c for c in before if after and c in after]  # a CPU taken offline meanwhile is left out
-    total = sum(after[c][0] - before[c][0] for c in cpus)
-    idle = sum(after[c][1] - before[c][1] for c in cpus)
-    if total <= 0:
-        return None
-    busy_cores = (total - idle) / total * len(cpus)
-    return max(0.0, busy_cores - own / seconds)
+    mine = usable_set()
+    # user nice system idle iowait irq softirq steal: busy = all but idle and iowait
+    return {int(p[0][3:]): (sum(map(int, p[1:9])), int(p[4]) + int(p[5])) for p in lines if int(p[0][3:]) in mine}
 
 
 def usable_set():

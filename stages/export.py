@@ -10,7 +10,7 @@ import tempfile
 
 import torch
 
-from compress.cpus import busy_elsewhere
+from compress.cpus import BusyMeter
 from compress.data.sampling import eval_loader
 from compress.deploy import export_report
 from compress.deploy.export_report import ExportReport
@@ -64,12 +64,13 @@ def run(ctx):
     stop_if_asked("after checking parity")
     log.info("export: timing the files in %s (batch %s)", ", ".join(runtimes),
              ", ".join(str(b) for b in e.latency_batch_sizes))
-    busy = _cpus_busy(ctx)
-    tables = {rt: latency_tables(paths, e.latency_batch_sizes, e.latency_threads, e.latency_repeats, e.latency_warmup,
-                                 stop=stop_if_asked, runtime=rt) for rt in runtimes}
     float_layers = qconfig.get("float_layers", [])
-    speed, decided = verdict.decide(measured, tables[runtimes[0]], paths, files, sizes, float_layers, e, runtimes[0],
-                                    stop_if_asked)
+    with BusyMeter() as meter:
+        tables = {rt: latency_tables(paths, e.latency_batch_sizes, e.latency_threads, e.latency_repeats,
+                                     e.latency_warmup, stop=stop_if_asked, runtime=rt) for rt in runtimes}
+        speed, decided = verdict.decide(measured, tables[runtimes[0]], paths, files, sizes, float_layers, e,
+                                        runtimes[0], stop_if_asked)
+    busy = _cpus_busy(ctx, meter.busy)
     teacher = _teacher_latency(ctx, data, e, runtimes[0]) if source.stage != "teacher" else None
     if teacher:
         tables[runtimes[0]]["teacher"], sizes["teacher_onnx"] = teacher
@@ -147,11 +148,11 @@ def _rebuild_int8(ctx, model_name, data):
     return model, q
 
 
-def _cpus_busy(ctx):
-    """Cores other processes keep busy as the timing begins (said once, here and in the report, from
-    verdict.BUSY on); not asked with several processes, whose other ranks wait for this one (NCCL's wait spins
+def _cpus_busy(ctx, busy):
+    """Cores other processes kept busy while the files were timed (said once, here and in the report, from
+    verdict.BUSY on); not counted with several processes, whose other ranks wait for this one (NCCL's wait spins
     a core) and would be counted."""
-    busy = busy_elsewhere() if ctx.env.world == 1 else None
+    busy = busy if ctx.env.world == 1 else None
     if busy is None:
         return None
     if busy >= verdict.BUSY:

@@ -256,8 +256,9 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
     """
     import json
 
-    from compress.cpus import busy_elsewhere
+    from compress.cpus import BusyMeter
     from compress.deploy.latency import default_threads, latency_tables, protocol
+    from compress.quant.verdict import BUSY
 
     if len(models) > 8:
         raise click.BadParameter("give at most 8 ONNX files, or one run directory", param_hint="MODELS")
@@ -275,12 +276,14 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
     thread_list = _int_list(threads, "--threads", 1024) if threads else list(settings[3] or default_threads())
     repeats = repeats or settings[1] or 30
     warmup = next(w for w in (warmup, settings[2], 5) if w is not None)
-    busy = busy_elsewhere()
-    if busy is not None and busy >= 0.5:  # said once, as the report says it
-        echo(f"note: other processes kept {busy:.1f} of this machine's {usable_cpus()} usable CPUs busy as the "
-                   "timing began: these figures are noisy; time again on a quiet machine", err=True)
     names = dict(zip("ABCDEFGH", models))
-    tables = latency_tables(names, batches, thread_list, repeats, warmup, runtime=runtime)
+    with BusyMeter() as meter:
+        tables = latency_tables(names, batches, thread_list, repeats, warmup, runtime=runtime)
+    busy = meter.busy
+    crowded = busy is not None and busy >= BUSY
+    if crowded:  # said once, as the report says it
+        echo(f"note: other processes kept {busy:.1f} of this machine's {usable_cpus()} usable CPUs busy while the "
+             "files were timed: these figures are noisy; time again on a quiet machine", err=True)
     how = (f"{runtime}, CPU: ms of a call, the median over {protocol().rounds} interleaved rounds of each round's "
            f"fastest; a round runs a file up to {protocol().round_s:g} s or {repeats} times, after {warmup} "
            "warm-up runs")
@@ -293,7 +296,7 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
     else:
         _print_compared(names, tables, how)
     if not as_json:
-        _print_fewer_threads(names, tables)
+        _print_fewer_threads(names, tables, crowded)
 
 
 def _run_files(path):
@@ -319,14 +322,16 @@ def _print_one(path, cells, how):
         echo(f"{c['batch']:>6} {c['threads']:>8} {c['ms']:>10.3f} {c['images_per_s']:>12,.0f}")
 
 
-def _print_fewer_threads(names, tables):
+def _print_fewer_threads(names, tables, crowded):
     from compress.deploy.timing import fewer_threads, threads_text
+    from compress.quant.verdict import BUSY_ADVICE
 
     for label, cells in tables.items():
         for batch, threads, ms, most, most_ms in fewer_threads(cells):
             who, few = label if len(names) > 1 else "the file", threads_text(threads)
             echo(f"{who} at batch {batch}: faster on {few} ({ms:.3f} ms) than on {most} ({most_ms:.3f} ms) - too "
-                 f"little work per layer to split; give the runtime {few} for batches of {batch}")
+                 f"little work per layer to split; give the runtime {few} for batches of {batch}"
+                 + (BUSY_ADVICE if crowded else ""))
 
 
 def _print_compared(names, tables, how):

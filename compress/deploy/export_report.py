@@ -210,7 +210,7 @@ class ExportReport:
     mixed_precision: Optional[dict] = None
     """QAT's latency-aware choice of float layers, as the qat stage recorded it"""
     cpus_busy_while_timing: Optional[float] = None
-    """cores other processes kept busy as the timing began (one process only): from 0.5 on, the report says the
+    """cores other processes kept busy while the files were timed (one process only): from 0.5 on, the report says the
     latencies are noisy"""
     teacher_file: Optional[str] = None
     """the teacher checkpoint whose fp32 ONNX export was timed for the report's teacher row"""

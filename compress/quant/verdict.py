@@ -19,6 +19,9 @@ from compress.training.paired import p_text
 LABELS = {"fp32": "fp32", "int8": "QAT int8", "ptq": "PTQ int8"}
 FASTER = 1.1  # one int8 file beats the other on speed only this much faster, in every round: less is noise
 BUSY = 0.5  # cores other processes kept busy, from which the timings are called noisy
+# after advice read from timings taken beside busy neighbours: fewer threads win there because the others are taken
+BUSY_ADVICE = (" - measured while other processes kept CPUs busy, where fewer threads win because the others are "
+               "taken: time it again on a quiet machine before acting on it")
 
 
 def decide(measured, tables, paths, files, sizes, float_layers, e, runtime, stop=None):
@@ -166,10 +169,10 @@ def near_chance(file, accuracy, classes):
 
 
 def busy_note(busy, folder):
-    """Said once - in the log as the timing begins, and in the report - when other processes kept cores busy."""
-    return (f"other processes kept {busy:.1f} of this machine's {usable_cpus()} usable CPUs busy as the timing "
-            f"began, so the latency figures (the table and the int8-vs-fp32 verdict) are noisy; time the files again "
-            f"on a quiet machine: compress bench {folder}/model.fp32.onnx {folder}/model.int8.onnx")
+    """Said once - in the log once the timing is done, and in the report - when other processes kept cores busy."""
+    return (f"other processes kept {busy:.1f} of this machine's {usable_cpus()} usable CPUs busy while the files "
+            f"were timed, so the latency figures (the table and the int8-vs-fp32 verdict) are noisy; time the files "
+            f"again on a quiet machine: compress bench {folder}/model.fp32.onnx {folder}/model.int8.onnx")
 
 
 def report_notes(m):
@@ -220,8 +223,8 @@ def fewer_threads_notes(m):
     return [f"At batch {batch}, export/{m['deploy']} ran faster on {threads_text(threads)} "
             f"({ms:.3f} ms) than on {most} ({most_ms:.3f} ms): too little work per layer to split; where it runs "
             f"batches of {batch}, give the runtime {threads_text(threads)} (onnxruntime: "
-            "SessionOptions.intra_op_num_threads)."
-            for batch, threads, ms, most, most_ms in fewer_threads(cells)]
+            "SessionOptions.intra_op_num_threads)" + (BUSY_ADVICE if m.get("cpus_busy_while_timing", 0) >= BUSY else "")
+            + "." for batch, threads, ms, most, most_ms in fewer_threads(cells)]
 
 
 def beyond_noise(m):

@@ -813,12 +813,12 @@ UNUSED_BY_AUGMENT = {"none": ("crop_padding", "crop_scale"), "pad_crop": ("crop_
 
 def result_hash(cfg, keys, images_followed):
     """A hash of the stage's config slice as far as it can change the stage's result: without data.cache_mb,
-    data.cache_dir and data.download, without the keys that only judge the result (JUDGES_RESULT), without the crop keys data.augment does not read, without the keys of
-    AS_BEFORE_WHEN_NULL left at null, data.root and data.unlabeled as the folders they name (a trailing slash, a
-    relative path or a link to the same folder is the same folder), data.flip's default as it resolves, and -
-    where the images' listing digest is an input (`images_followed`) - without the keys whose effect that digest
-    already holds. Recorded beside `section_hash`: a completed stage whose config differs only in these is up to
-    date."""
+    data.cache_dir and data.download, without the keys that only judge the result (JUDGES_RESULT), without the crop
+    keys data.augment does not read, without the keys of AS_BEFORE_WHEN_NULL left at null, data.root and
+    data.unlabeled as the folders they name (a trailing slash, a relative path or a link to the same folder is the
+    same folder), data.flip's default as it resolves, and - where the images' listing digest is an input
+    (`images_followed`) - without the keys whose effect that digest already holds. Recorded beside `section_hash`:
+    a completed stage whose config differs only in these is up to date."""
     blob = json.dumps(as_it_counts(config_slice(cfg, keys), images_followed), sort_keys=True, allow_nan=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
