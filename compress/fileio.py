@@ -315,3 +315,8 @@ class SafeFormatter(logging.Formatter):
 
     def format(self, record):
         return safe_text(super().format(record))
+
+
+def size_text(size):
+    """A file's size as the report and the export's summary line show it: '4.91 MB', '228 KB'."""
+    return f"{size / 1e6:.2f} MB" if size >= 1e6 else f"{size / 1e3:.0f} KB"

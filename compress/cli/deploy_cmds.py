@@ -127,12 +127,20 @@ def predict(model, images, top_k, as_json):
       compress predict artifacts/default/export/model.int8.onnx photos/ 'more/*.jpg' --top-k 1
     """
     import json
+    from collections import Counter
 
     from compress.deploy.evaluate import image_paths, predict_files
+    from compress.deploy.imageio import IMAGE_EXTENSIONS
     from compress.errors import InputError
     from compress.fileio import one_line
 
-    paths = image_paths(images)
+    others = Counter()
+    paths = image_paths(images, others)
+    if others:
+        kinds = ", ".join(f"{n:,} {one_line(suffix)}" for suffix, n in sorted(others.items(), key=lambda kv: (-kv[1],
+                                                                                                           kv[0]))[:5])
+        echo(f"note: left out {sum(others.values()):,} file(s) in the folders given that are not images compress "
+             f"reads ({kinds}); convert them to one of {', '.join(IMAGE_EXTENSIONS)} to classify them", err=True)
     if not paths:
         raise InputError(f"no images in {', '.join(repr(i) for i in images[:3])}{' ...' if len(images) > 3 else ''}: "
                          "give image files, folders holding images (.jpg, .png, .bmp, .tif, .webp, ...), or glob "

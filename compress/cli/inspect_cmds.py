@@ -11,23 +11,27 @@ DEFAULT_RUN = "artifacts/default"
 
 
 def _existing_run(run_dir, command):
+    """The run directory `compress <command>` looks at, or one line saying why there is none (as predict and eval
+    say it: no usage block)."""
     from compress.deploy.evaluate import run_hint, runs_here
+    from compress.errors import InputError
     from compress.run.rundir import RunDir
 
     if run_dir is None:
         if not os.path.isfile(os.path.join(DEFAULT_RUN, "manifest.json")):
             found = runs_here()
-            raise click.BadParameter(f"no run directory given, and {DEFAULT_RUN} holds no run; pass one, e.g. "
-                                     f"compress {command} {found[0] if found else 'artifacts/photos'}"
-                                     + (f" (runs here: {', '.join(found)})" if found else ""), param_hint="RUN_DIR")
+            raise InputError(f"no run directory given, and {DEFAULT_RUN} holds no run; pass one, e.g. "
+                             f"compress {command} {found[0] if found else 'artifacts/photos'}"
+                             + (f" (runs here: {', '.join(found)})" if found else ""))
         run_dir = DEFAULT_RUN
     run = RunDir(run_dir)
     if not run.exists():
         if os.path.lexists(run.manifest_path):  # a folder, pipe or link where the manifest should be
-            raise click.BadParameter(f"'{run.manifest_path}' is not a regular file (a folder, pipe, device or link); "
-                                     "replace it with the run's manifest, or move it away", param_hint="RUN_DIR")
-        raise click.BadParameter(f"'{run_dir}' is not a compress run directory (no manifest.json){run_hint(run_dir)}",
-                                 param_hint="RUN_DIR")
+            raise InputError(f"'{run.manifest_path}' is not a regular file (a folder, pipe, device or link); replace "
+                             "it with the run's manifest, or move it away")
+        if not os.path.lexists(run_dir):
+            raise InputError(f"'{run_dir}' does not exist{run_hint(run_dir)}")
+        raise InputError(f"'{run_dir}' is not a compress run directory (no manifest.json){run_hint(run_dir)}")
     return run
 
 

@@ -83,10 +83,11 @@ def _export_run(path):
     return run
 
 
-def image_paths(arguments):
+def image_paths(arguments, others=None):
     """Image files from files, folders (every image below, sorted) and glob patterns, in the order given. A
     pattern's matches are read as a folder's files are: a folder walked, a file that is no image by its name left
-    out, each image once."""
+    out, each image once. The files a folder holds that are not images compress reads are counted by suffix into
+    `others` (a Counter) when given."""
     found = []
     for arg in arguments:
         arg = os.path.expanduser(arg)
@@ -97,16 +98,22 @@ def image_paths(arguments):
             found.extend(dict.fromkeys(p for m in matches if os.path.isdir(m) or m.lower().endswith(IMAGE_EXTENSIONS)
                                        for p in _images_in(m)))  # 'photos/**' matches photos/ and each folder below
         else:
-            found.extend(_images_in(arg))
+            found.extend(_images_in(arg, others))
     return found
 
 
-def _images_in(arg):
+def _images_in(arg, others=None):
     """The images a folder holds (one bounded walk: a link loop inside it is read once), or [arg] for a file."""
     if not os.path.isdir(arg):
         return [arg]
-    return [os.path.join(folder, f) for folder, files in walk_tree(arg, skip=skipped) for f in files
-            if f.lower().endswith(IMAGE_EXTENSIONS)]
+    images = []
+    for folder, files in walk_tree(arg, skip=skipped):
+        for f in files:
+            if f.lower().endswith(IMAGE_EXTENSIONS):
+                images.append(os.path.join(folder, f))
+            elif others is not None:
+                others[os.path.splitext(f)[1].lower() or f] += 1
+    return images
 
 
 def predict_files(model, paths, top_k=3, chunk=64):

@@ -14,6 +14,7 @@ from compress.deploy.export_report import Attempt, Candidate, Speed, Verdict
 from compress.deploy.latency import cell_ms, deciding_cell, remeasure
 from compress.deploy.runtimes import label
 from compress.deploy.timing import LONGER_ROUNDS, ROUNDS, fewer_threads, speedup_text, threads_text
+from compress.fileio import size_text
 from compress.training.paired import p_text
 
 LABELS = {"fp32": "fp32", "int8": "QAT int8", "ptq": "PTQ int8"}
@@ -84,7 +85,8 @@ def _int8_choice(measured, tables, batch, threads):
     """(kind, the reason in words) of the int8 file weighed against fp32: QAT's ("int8") or PTQ's ("ptq")."""
     ptq = measured["ptq"]
     pair = ptq.vs_qat
-    evidence = (f"{pair.only_second} validation images right only with PTQ, {pair.only_first} only with QAT, "
+    images = "validation image" + ("" if pair.only_second == 1 else "s")
+    evidence = (f"{pair.only_second} {images} right only with PTQ, {pair.only_first} only with QAT, "
                 f"McNemar p {p_text(pair.p)}")
     if not ptq.int8_kernels:
         return "int8", f"PTQ int8 runs no int8 kernel in onnxruntime, so QAT int8 is the int8 file ({evidence})"
@@ -150,8 +152,8 @@ def summary_line(report):
     """The stage's one line: accuracy and size of each file, the deciding cell, and the file to deploy."""
     r, s = report, report.speed
     weighed = f" ({s.int8_file})" if s.int8_file != "model.int8.onnx" else ""
-    return (f"fp32 ONNX {r.fp32.onnx_acc:.2f}% {r.size_bytes['fp32'] / 1e3:.0f} KB, "
-            f"int8 ONNX {r.int8.onnx_acc:.2f}% {r.size_bytes['int8'] / 1e3:.0f} KB"
+    return (f"fp32 ONNX {r.fp32.onnx_acc:.2f}% {size_text(r.size_bytes['fp32'])}, "
+            f"int8 ONNX {r.int8.onnx_acc:.2f}% {size_text(r.size_bytes['int8'])}"
             + (f", PTQ int8 {r.ptq.onnx_acc:.2f}%" if r.ptq is not None else "")
             + f"; {label(s.runtime)}, batch {s.batch}, {threads_text(s.threads)}: int8{weighed} {s.int8_ms:.2f} ms "
             f"vs fp32 {s.fp32_ms:.2f} ms ({speedup_text(s.speedup)}) - deploy {r.verdict.file}")

@@ -14,7 +14,7 @@ import re
 import shlex
 
 from compress.errors import CompressError
-from compress.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text
+from compress.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text, size_text
 
 log = logging.getLogger(__name__)
 
@@ -194,9 +194,7 @@ def _fmt_int(value):
 
 
 def _fmt_size(value):
-    if value is None:
-        return "-"
-    return f"{value / 1e6:.2f} MB" if value >= 1e6 else f"{value / 1e3:.0f} KB"
+    return "-" if value is None else size_text(value)
 
 
 LATENCY_CAPTION = ("Latency: ms of a call per batch on the most threads measured - the files take turns in 5 "

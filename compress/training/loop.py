@@ -83,7 +83,7 @@ def fit(model, loss_fn, optimizer, loader, schedule, evaluate_fn, session, on_ep
     session.history = history = list(session.resume.history)
     for epoch in range(session.resume.epoch, schedule.epochs):
         if interrupt.requested(session.env):
-            session.stop(f"interrupted at epoch {epoch + 1} of {session.name} (before its first step)")
+            session.stop(f"interrupted at the start of epoch {epoch + 1} of {session.name}")
         if on_epoch_start:
             on_epoch_start(epoch)
         loader.sampler.set_epoch(epoch, session.resume.step if epoch == session.resume.epoch else 0)

@@ -36,6 +36,8 @@ def test_predict_takes_folders_and_globs_and_skips_what_it_cannot_read(finished_
     for i in range(3):
         Image.fromarray((grey[i] * 255 / 16).astype(np.uint8)).save(tmp_path / "imgs" / "sub" / f"{i}.png")
     (tmp_path / "imgs" / "broken.png").write_bytes(b"not an image")
+    (tmp_path / "imgs" / "notes.txt").write_text("not an image by its name: left out, and counted")
+    (tmp_path / "imgs" / "sub" / "anim.gif").write_bytes(b"GIF89a")
     result = invoke("predict", finished_run, tmp_path / "imgs", str(tmp_path / "imgs" / "sub" / "*.png"),
                     tmp_path / "photos")
     assert result.exit_code == 2
@@ -43,6 +45,8 @@ def test_predict_takes_folders_and_globs_and_skips_what_it_cannot_read(finished_
     assert f"skipped: cannot read image '{tmp_path / 'imgs' / 'broken.png'}'" in result.stderr
     assert f"skipped: '{tmp_path / 'photos'}' not found (no such file or folder)" in result.stderr
     assert "error: 2 of 8 image(s) could not be read" in result.stderr
+    assert "note: left out 2 file(s) in the folders given that are not images compress reads (1 .gif, 1 .txt)" \
+        in result.stderr
     deployed = json.loads((finished_run / "export" / "export.json").read_text())["verdict"]["file"]
     assert f"using {deployed}, export's choice" in result.stderr
 
