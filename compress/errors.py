@@ -3,6 +3,9 @@
 EXIT_FAILED = 1  # a stage ran and failed its own check (accuracy budget, NaN loss, parity)
 EXIT_BAD_INPUT = 2  # bad config, CLI argument, path, checkpoint, image
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM; the resume checkpoint was written
+# a Ctrl-C outside a training step (listing, decoding, between stages): the terminal's last line and the run log's
+CTRL_C_STOP = ("interrupted (Ctrl-C); rerun the same command to go on - finished stages are kept, an interrupted one "
+               "resumes from its last checkpoint")
 
 
 class CompressError(Exception):

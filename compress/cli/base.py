@@ -9,7 +9,7 @@ import traceback
 import click
 
 from compress import __version__
-from compress.errors import EXIT_INTERRUPTED, CompressError, Interrupted, is_peer_loss, peer_loss_text
+from compress.errors import CTRL_C_STOP, EXIT_INTERRUPTED, CompressError, Interrupted, is_peer_loss, peer_loss_text
 from compress.fileio import SafeFormatter, safe_text, write_problem
 
 log = logging.getLogger("compress")
@@ -110,8 +110,7 @@ class CompressGroup(click.Group):
         except KeyboardInterrupt:
             if _debug["on"]:
                 traceback.print_exc()
-            echo("stopped: interrupted (Ctrl-C); rerun the same command to go on - finished stages are kept, an "
-                 "interrupted one resumes from its last checkpoint", err=True)
+            echo(f"stopped: {CTRL_C_STOP}", err=True)
             ctx.exit(EXIT_INTERRUPTED)
         except Exception as e:
             if _debug["on"]:

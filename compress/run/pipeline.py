@@ -16,6 +16,7 @@ import yaml
 
 from compress.data.imagefolder import listed_once
 from compress.errors import (
+    CTRL_C_STOP,
     EXIT_INTERRUPTED,
     CompressError,
     InputError,
@@ -149,7 +150,7 @@ def _ending(exc):
     if isinstance(exc, CompressError):
         text = str(exc)
     elif isinstance(exc, KeyboardInterrupt):
-        text = "interrupted (Ctrl-C)"
+        text = CTRL_C_STOP
     elif is_peer_loss(exc):
         stopped, text = True, peer_loss_text(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
     else:
