@@ -44,7 +44,7 @@ def run(ctx):
     cfg, env, t = ctx.cfg, ctx.env, ctx.cfg.teacher
     data = ctx.load_data()
     model = build_teacher(cfg, data).to(env.device)  # a wrong weights file fails here: nothing written
-    precision = ctx.precision([model], data.train.batch([0]).x)
+    precision = ctx.precision([model], data.train.batch([0]).x, training=t.epochs > 0)
     train_set = data.train.with_augment(mix=t.mix, mix_alpha=t.mix_alpha)
     loader, val = ctx.loaders(train_set, data.val, t.batch_size, "teacher.batch_size")
     ctx.begin()

@@ -129,9 +129,10 @@ class StageContext:
         """DataLoader worker processes per training process (train.num_workers, or its default here)."""
         return loader_workers(self.cfg.train.num_workers, self.env.device.type, self.env.local_world)[0]
 
-    def precision(self, models, example):
+    def precision(self, models, example, training=True):
         """The training precision train.precision asks for on this hardware and for these models, said once in
-        the log, with the models placed in its memory layout (`example`: one input batch)."""
+        the log ('trains in', or 'evaluates in' for a stage that only evaluates: `training` False), with the models
+        placed in its memory layout (`example`: one input batch)."""
         precision = Precision.for_run(self.cfg.train.precision, self.env.device, models, example)
         precision = precision.place(models, example)
         threads = self.env.threads or "?"
@@ -140,8 +141,8 @@ class StageContext:
                 threads = f"{torch.get_num_threads()} (beside busy neighbours)"
         if self.env.is_main:
             workers, why = loader_workers(self.cfg.train.num_workers, self.env.device.type, self.env.local_world)
-            log.info("%s: trains in %s (%s) on %s CPU thread(s) per process, %d DataLoader worker(s) (%s)",
-                     self.stage, precision.name if precision.dtype is None else f"{precision.name} autocast",
+            log.info("%s: %s in %s (%s) on %s CPU thread(s) per process, %d DataLoader worker(s) (%s)",
+                     self.stage, "trains" if training else "evaluates", precision.name if precision.dtype is None else f"{precision.name} autocast",
                      precision.reason, threads, workers, why)
         return precision
 

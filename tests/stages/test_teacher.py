@@ -58,6 +58,7 @@ def test_torchvision_teacher_as_given_distils_a_pretrained_torchvision_student_t
     result = invoke("run", "-c", config, "--run-dir", run)
     assert result.exit_code == 0, result.output
     assert "teacher torchvision:resnet18 used as given" in result.stderr
+    assert "teacher: evaluates in " in result.stderr and "teacher: trains in" not in result.stderr  # nothing trained
     assert "its classifier head classifier.1.weight (1000, 1280) was replaced by a new one of shape (2, 1280)" \
         in result.stderr
     manifest = json.loads((run / "manifest.json").read_text())["stages"]
