@@ -141,9 +141,9 @@ class StageContext:
                 threads = f"{torch.get_num_threads()} (beside busy neighbours)"
         if self.env.is_main:
             workers, why = loader_workers(self.cfg.train.num_workers, self.env.device.type, self.env.local_world)
+            name = precision.name if precision.dtype is None else f"{precision.name} autocast"
             log.info("%s: %s in %s (%s) on %s CPU thread(s) per process, %d DataLoader worker(s) (%s)",
-                     self.stage, "trains" if training else "evaluates", precision.name if precision.dtype is None else f"{precision.name} autocast",
-                     precision.reason, threads, workers, why)
+                     self.stage, "trains" if training else "evaluates", name, precision.reason, threads, workers, why)
         return precision
 
     def session(self, modules, optimizer, steps_per_epoch, epochs, part="", precision=FP32, extra=None):

@@ -29,7 +29,8 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
             found.append(f"data.root: '{data.root}' is a file, not a folder; "
                          f"{'unpack it and ' if archive else ''}point data.root at the folder that holds the images")
         else:
-            found.append(f"data.root: folder '{data.root}' does not exist; point data.root at the dataset")
+            found.append(f"data.root: folder '{data.root}' does not exist; point data.root at the dataset"
+                         + _root_of_the_run(run_root, data.root))
     from compress.models.registry import source_problem
 
     for key, name in (("model.teacher", cfg.model.teacher), ("model.student", cfg.model.student)):
@@ -84,6 +85,24 @@ def _worker_problems(cfg, stage_names):
     problem = socket_folder_problem()
     return [f"train.num_workers: DataLoader worker processes cannot run here: {problem} (or set "
             "train.num_workers=0)"] if problem else []
+
+
+def _root_of_the_run(run_root, asked):
+    """For a data.root that does not exist: the words naming the one the run directory's config.yaml holds, when that
+    folder exists (`-c photos --run-dir RUN` gives the recipe's placeholder root, not the run's), or ''."""
+    from compress.errors import CompressError
+    from compress.run.config import read_yaml
+
+    path = os.path.join(run_root, "config.yaml") if run_root else ""
+    try:
+        saved = read_yaml(path, follow_links=False) if path and os.path.isfile(path) else {}
+    except CompressError:
+        return ""
+    root = saved.get("data", {}).get("root") if isinstance(saved.get("data"), dict) else None
+    if not isinstance(root, str) or root == asked or not os.path.isdir(os.path.expanduser(root)):
+        return ""
+    return (f" (the run directory's config.yaml has data.root: {root}; without -c the run uses its own config, or "
+            f"--set data.root={root} keeps it)")
 
 
 def check(cfg, stage_names, world_size, source=None, run_root=None, download=True):

@@ -33,6 +33,23 @@ def test_a_run_directory_inside_the_images_is_refused_before_anything_is_written
     assert beside.exit_code == 0, beside.output
 
 
+def test_a_root_that_does_not_exist_names_the_one_the_run_directory_holds(tmp_path):
+    """`compress run -c photos --run-dir RUN`: the recipe's placeholder root is not the run's; the error names the
+    root the run directory's config.yaml holds and how to keep it."""
+    from compress.run.preflight import problems
+
+    image_tree(tmp_path / "photos", splits=("",))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(f"data:\n  name: imagefolder\n  root: {tmp_path / 'photos'}\n")
+    cfg = load_config(None, ["data.name=imagefolder", f"data.root={tmp_path / 'nowhere'}"])
+    found = problems(cfg, ["teacher"], 1, str(tmp_path / "run"))
+    assert found == [f"data.root: folder '{tmp_path / 'nowhere'}' does not exist; point data.root at the dataset (the "
+                     f"run directory's config.yaml has data.root: {tmp_path / 'photos'}; without -c the run uses its "
+                     f"own config, or --set data.root={tmp_path / 'photos'} keeps it)"], found
+    assert problems(cfg, ["teacher"], 1, str(tmp_path / "elsewhere")) == [
+        f"data.root: folder '{tmp_path / 'nowhere'}' does not exist; point data.root at the dataset"]
+
+
 @pytest.mark.e2e
 def test_a_split_folder_given_as_the_root_is_named(tmp_path):
     """A split folder given as data.root is named: the summary says it has siblings and how to use them, rather
