@@ -50,19 +50,20 @@ def busy_elsewhere(seconds=0.2):
 class BusyMeter:
     """`with BusyMeter() as m: <work>` - then `m.busy`: how many of this process's usable CPUs other processes kept
     busy while the work ran (in cores), or None where /proc/stat cannot say. The CPU time this process spent, on
-    all its threads (an onnxruntime session's included), is not counted: what the CPUs did beyond it is."""
+    all its threads (an onnxruntime session's included), and that of the child processes it waited for (OpenVINO
+    is timed in one) is not counted: what the CPUs did beyond it is."""
 
     def __enter__(self):
         import time
 
         self.busy = None
-        self._before, self._own, self._t = _cpu_sample(), time.process_time(), time.monotonic()
+        self._before, self._own, self._t = _cpu_sample(), _own_cpu_seconds(), time.monotonic()
         return self
 
     def __exit__(self, *exc):
         import time
 
-        after, own, seconds = _cpu_sample(), time.process_time() - self._own, time.monotonic() - self._t
+        after, own, seconds = _cpu_sample(), _own_cpu_seconds() - self._own, time.monotonic() - self._t
         before = self._before
         if not before or not after or seconds <= 0:
             return False
@@ -72,6 +73,12 @@ class BusyMeter:
         if total > 0:
             self.busy = max(0.0, (total - idle) / total * len(cpus) - own / seconds)
         return False
+
+
+def _own_cpu_seconds():
+    """CPU seconds this process has used, all its threads, and its child processes that ended and were waited for."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _cpu_sample():

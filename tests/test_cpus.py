@@ -157,6 +157,27 @@ def test_a_run_that_chose_its_own_thread_count_trains_on_the_free_cores_and_one_
     assert "other processes are keeping" in (tmp_path / "ours" / "log.txt").read_text()
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="/proc/stat is Linux-only")
+def test_the_busy_meter_counts_neighbours_not_this_process_or_the_children_it_waits_for():
+    """Timing work runs in this process (onnxruntime's threads) and in child processes it waits for (OpenVINO's):
+    neither is a busy neighbour; a process spinning beside it is."""
+    from compress.cpus import BusyMeter, _own_cpu_seconds
+
+    before = _own_cpu_seconds()  # a child that spins for 0.5 s of its own CPU time, whatever else runs
+    subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.5: pass"], check=True)
+    assert _own_cpu_seconds() - before >= 0.5  # counted as this process's: subtracted from what the CPUs did
+    spin = "import time\nt = time.time()\nwhile time.time() - t < {}: pass"
+    neighbour = subprocess.Popen([sys.executable, "-c", spin.format(3.0)])
+    try:
+        time.sleep(0.5)
+        with BusyMeter() as beside:
+            time.sleep(1.0)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert beside.busy is not None and beside.busy >= 0.6, beside.busy  # other load only adds to it
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs /proc/stat")
 def test_export_says_its_timings_are_noisy_beside_a_busy_neighbour_and_shows_every_runtime(run_copy):
     """Beside a busy process export says its timings are noisy (a busy machine can make the table say 1.08x and the
