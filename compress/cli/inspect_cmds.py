@@ -90,7 +90,7 @@ def _config_drift(run):
     try:
         cfg = load_config(run.config_path, run_config=True, follow_links=False)
         return dict(config_drift(run, cfg, STAGES, list(STAGES)))
-    except CompressError:
+    except (CompressError, TypeError, ValueError, AttributeError, KeyError):  # a manifest edited by hand
         return {}
 
 

@@ -434,8 +434,8 @@ class QATConfig(OptimConfig):
     freeze_observers_after: int = _f(1, "stop updating quantization ranges after this many epochs")
     freeze_bn_after: int = _f(1, "freeze batch-norm statistics after this many epochs")
     max_accuracy_drop: float = _f(1.0, "fail the stage if int8 accuracy is more than this many points below float "
-                                       "(a judgement: changed alone, it retrains nothing; a failed stage rerun with "
-                                       "another budget judges its model again)")
+                                       "(a judgement: changed alone it retrains nothing - a stage whose model it now "
+                                       "fails, or that failed it, judges that model again from its last checkpoint)")
     ce_weight: float = _f(1.0, "weight of the cross-entropy on labels")
     kd_weight: float = _f(1.0, "weight of distillation from the float model being quantized (frozen, run on every "
                                "batch): T^2 KL(softmax(float/T) || softmax(fake-quant/T)); it keeps what distillation "
@@ -803,7 +803,7 @@ def section_hash(cfg, keys):
 NO_RESULT = ("cache_mb", "cache_dir", "download")  # how images are held or fetched, never which they are
 # keys that judge a stage's result and change nothing in it: a stage that failed its budget, rerun with the budget
 # its message advises, continues from its last checkpoint and judges the same model again instead of retraining
-JUDGES_RESULT = {"qat": ("max_accuracy_drop",)}
+JUDGES_RESULT = {"qat": {"max_accuracy_drop": "accuracy_drop"}}  # section -> {key: the metric it bounds}
 # keys whose null reproduces what ran before they existed
 AS_BEFORE_WHEN_NULL = ("norm_weight_decay", "latency_threads")
 COVERED_BY_LISTING = ("val_fraction", "split_seed", "limit")  # an image folder's listing digest holds their effect

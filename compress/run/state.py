@@ -133,9 +133,24 @@ def decide(run, cfg, spec, force, stages, world, planning=False, running_first=(
         modified = _modified_inputs(run, inputs)  # an input replaced by hand is not up to date
         changed = f"its input {modified[0]} was modified after it was written" if modified else _changes(run, entry,
                                                                                                            base)
-        if not changed:
+        if changed:
+            return StageState(action="fresh", reason=changed, announce=f"running again: {changed}", **base)
+        judged = _judged_anew(entry, base)
+        if not judged:
             return StageState(action="skip", reason="same config and inputs", **base)
-        return StageState(action="fresh", reason=changed, announce=f"running again: {changed}", **base)
+        failing = _fails_now(spec.NAME, entry, cfg)
+        if not failing:
+            return StageState(action="skip", reason=f"same config and inputs; its result passes {judged} too", **base)
+        # its result fails the new bound: judged again from its checkpoint after its last epoch (or trained again)
+        epochs = getattr(getattr(cfg, spec.NAME, None), "epochs", None)
+        main, _ = read_resume(run, spec.NAME, "", epochs)
+        if main is not None and _made_alike(main.extra["_made_with"], base) and epochs is not None \
+                and main.epoch >= epochs:
+            why = f"{failing}: judging its model again from its checkpoint after its last epoch"
+            return StageState(action="resume", reason=why, announce=f"running again: {why}",
+                              resume={"": _same_world(main, world)}, **base)
+        why = f"{failing}: training it again (its checkpoint is gone)"
+        return StageState(action="fresh", reason=why, announce=f"running again: {why}", **base)
     epochs = getattr(getattr(cfg, spec.NAME, None), "epochs", None)
     main, problem = read_resume(run, spec.NAME, "", epochs)
     if main is None:
@@ -166,16 +181,27 @@ def _judged_anew(entry, base):
     """'qat.max_accuracy_drop 3 (was 1)' for the keys that only judge the result (JUDGES_RESULT) and differ between
     the stage's last run (its manifest entry) and this decision, or ''."""
     old, new = (entry or {}).get("config"), base.get("config") or {}
-    if not isinstance(old, dict):
+    if not isinstance(old, dict) or not isinstance(new, dict):
         return ""
     changed = []
     for name, keys in JUDGES_RESULT.items():
         for key in keys:
             then, now = (c.get(name, {}).get(key) if isinstance(c.get(name), dict) else c.get(f"{name}.{key}")
                          for c in (old, new))
-            if then != now:
+            if then != now and then is not None:
                 changed.append(f"{name}.{key} {now} (was {then})")
     return ", ".join(changed)
+
+
+def _fails_now(stage, entry, cfg):
+    """'its accuracy_drop 2.5 is over qat.max_accuracy_drop 0.5' when a completed stage's recorded metric fails a
+    judging key's value now (JUDGES_RESULT), or ''."""
+    metrics = entry.get("metrics") if isinstance(entry.get("metrics"), dict) else {}
+    for key, metric in JUDGES_RESULT.get(stage, {}).items():
+        value, bound = metrics.get(metric), getattr(getattr(cfg, stage, None), key, None)
+        if isinstance(value, (int, float)) and isinstance(bound, (int, float)) and value > bound:
+            return f"its {metric} {value:g} is over {stage}.{key} {bound:g}"
+    return ""
 
 
 def _made_alike(made_with, base):
@@ -261,7 +287,7 @@ def _resume_reason(entry, resume, epochs, judged_anew=""):
         then, now = point.extra["written_by_world"], point.extra["resumed_by_world"]
         where += (f" (written by {then} process{'es' if then != 1 else ''}, resumed by {now}: the same images in the "
                   "same order, the result not bit-identical to a run that was never stopped)")
-    if entry and entry.get("status") == "failed" and judged_anew:
+    if entry and entry.get("status") == "failed" and judged_anew and done and not later:
         return f"{_last_run(entry)}; continuing from its checkpoint {where} to judge its model by {judged_anew}"
     if entry and entry.get("status") == "failed":
         return (f"{_last_run(entry)}; continuing from its checkpoint {where} with the same config - change the "
@@ -434,10 +460,13 @@ def config_drift(run, cfg, stages, names):
         entry, keys = entries.get(name) or {}, stages[name].CONFIG_KEYS
         if entry.get("status") != "complete":
             continue
-        followed = _images_followed(entry.get("inputs", {}))
-        now = {"config_hash": section_hash(cfg, keys), "result_hash": result_hash(cfg, keys, followed)}
-        if not _same_config(entry, now):
-            found.append((name, _keys_that_count(entry.get("config") or {}, config_slice(cfg, keys), followed)))
+        recorded = entry.get("inputs") if isinstance(entry.get("inputs"), dict) else {}
+        followed = _images_followed(recorded)
+        now = {"config_hash": section_hash(cfg, keys), "result_hash": result_hash(cfg, keys, followed),
+               "config": config_slice(cfg, keys), "inputs": recorded}  # compared as `decide` compares them
+        old = entry.get("config")
+        if not _same_config(entry, now) and (old is None or isinstance(old, dict)):  # else a manifest edited by hand
+            found.append((name, _keys_that_count(old or {}, now["config"], followed)))
     return found
 
 

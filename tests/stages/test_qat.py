@@ -55,6 +55,18 @@ def test_a_qat_budget_failure_says_which_keys_to_change(finished_run, tmp_path):
         in accepted.stderr
     assert "epoch 1/" not in accepted.stderr  # no epoch trained
     assert (run / "qat" / "qat.safetensors").read_bytes() == weights
+    # a completed stage and another budget: within it, skipped; beyond it, judged again from its checkpoint
+    drop = json.loads((run / "manifest.json").read_text())["stages"]["qat"]["metrics"]["accuracy_drop"]
+    same = ["--set", "qat.optimizer=sgd", "--set", "qat.lr=2"]
+    looser = invoke("run", "--run-dir", run, "--stages", "qat", "--set", f"qat.max_accuracy_drop={drop + 5:g}", *same)
+    assert looser.exit_code == 0 and "qat: up to date, skipped (same config and inputs; its result passes " \
+        "qat.max_accuracy_drop" in looser.stderr, looser.stderr
+    tighter = invoke("run", "--run-dir", run, "--stages", "qat", "--set", f"qat.max_accuracy_drop={drop / 2:g}", *same)
+    assert tighter.exit_code == 1, tighter.output
+    assert f"its accuracy_drop {drop:g} is over qat.max_accuracy_drop {drop / 2:g}: judging its model again from its " \
+        "checkpoint after its last epoch" in tighter.stderr
+    assert "epoch 1/" not in tighter.stderr and "over the budget" in tighter.stderr
+    assert (run / "qat" / "qat.safetensors").read_bytes() == weights
 
 
 def test_qat_accuracy_budget_fails_the_stage_and_keeps_its_outputs(run_copy):
