@@ -89,6 +89,10 @@ def _scan(cfg):
                          f"data.root at {parent} to use its splits as given")
         names, samples = class_tree(tree, others)
         train_idx, val_idx = stratified_split([label for _, label in samples], cfg.val_fraction, cfg.split_seed)
+        if samples and not val_idx:
+            raise InputError(f"data.root: no class in '{imageio.printable(root)}' has two images, so none can be held "
+                             "out for validation; add images (two or more of a class), or give a val/ folder beside "
+                             "train/")
         train_idx = train_idx[:cfg.limit] if cfg.limit else train_idx
         train, val = [samples[i] for i in train_idx], [samples[i] for i in val_idx]
         notes += _flat_copies(val, train)
@@ -96,7 +100,8 @@ def _scan(cfg):
                  else "one folder per class")
         if tree == train_dir:
             notes += _unread_beside(root, train_dir, cfg)
-        layout = f"{where}: {cfg.val_fraction:.0%} held out for validation by data.split_seed"
+        layout = (f"{where}: {cfg.val_fraction:.0%} held out for validation by data.split_seed (of each class, "
+                  "at least one image of each with two or more)")
         given = None
     _refuse_empty(root, train + val)
     notes += _balance(names, train, val, given) + _turned(train + val)
@@ -229,7 +234,7 @@ def _balance(names, train, val, given=None):
         notes.append(f"the classes are imbalanced ({names[big]}: {counts[big]:,} images, {names[small]}: "
                      f"{counts[small]:,}): always answering {names[big]} scores {share:.0f} % on validation, so read "
                      "accuracies against that")
-    if len(val) < 100:
+    if 0 < len(val) < 100:
         notes.append(f"only {len(val)} validation image(s): each one is {100 / len(val):.1f} points of accuracy, so "
                      "small differences between models are noise; "
                      + (f"add images to {given[1]}/" if given else "add images or raise data.val_fraction"))

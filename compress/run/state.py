@@ -423,7 +423,8 @@ def _changes(run, entry, decision):
     for rel, sha in _as_recorded(decision["inputs"], entry.get("inputs", {})).items():
         if entry.get("inputs", {}).get(rel) != sha:
             if rel.startswith(IMAGES_DIGEST):
-                return f"the {rel.removeprefix(EXTERNAL)} changed (images added, removed, renamed, moved or replaced)"
+                return (f"the {rel.removeprefix(EXTERNAL)} changed (images added, removed, renamed, replaced, or moved "
+                        "between classes or between training and validation)")
             if rel.startswith(IMAGE_BYTES_DIGEST):
                 return f"the {rel.removeprefix(EXTERNAL)} changed (an image edited in place)"
             if rel.startswith(CODE_DIGEST):

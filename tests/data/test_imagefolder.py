@@ -582,6 +582,10 @@ def test_a_flat_folder_holds_out_the_same_share_of_every_class(tmp_path):
     assert found["val"] != other  # the seed draws which images
     limited = scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'img'}", "data.limit=12"))["train"]
     assert len(limited) == 12 and len({label for _, label in limited}) > 1
+    image_tree(tmp_path / "ones", splits=("",), count=1)  # no class can spare an image for validation
+    with pytest.raises(InputError, match=r"^data\.root: no class in '.*ones' has two images, so none can be held out "
+                                         r"for validation; add images"):
+        scan(data_cfg("data.name=imagefolder", f"data.root={tmp_path / 'ones'}"))
 
 
 def test_copies_of_images_in_a_folder_split_by_the_seed_are_named_when_they_land_in_validation(tmp_path):

@@ -175,7 +175,8 @@ def test_the_images_are_an_input_and_a_stage_recorded_without_them_is_not_rerun_
         "the image bytes in data.root changed (an image edited in place)")
     os.rename(tmp_path / "img" / "dog" / "4.png", tmp_path / "img" / "cat" / "9.png")  # moved to another class
     assert decide(run, c, STAGES["teacher"], False, STAGES, 1).reason == (
-        "the images in data.root changed (images added, removed, renamed, moved or replaced)")
+        "the images in data.root changed (images added, removed, renamed, replaced, or moved between classes or "
+        "between training and validation)")
     listing = decide(run, c, STAGES["teacher"], False, STAGES, 1).inputs["external:images in data.root"]
     for recorded in ({}, {"external:images in data.root": listing}):  # as versions before this one recorded it
         complete(run, "teacher", c, [TEACHER], inputs=recorded)
@@ -385,8 +386,8 @@ def test_changed_images_run_the_stages_again_and_a_teacher_of_other_classes_is_r
         shutil.copy(path, tmp_path / "img" / "train" / "dog" / f"new{i}.png")
     again = invoke(*args, "--stages", "teacher")
     assert again.exit_code == 0, again.output
-    assert ("teacher: running again: the images in data.root changed (images added, removed, renamed, moved or "
-            "replaced)") in again.stderr
+    assert ("teacher: running again: the images in data.root changed (images added, removed, renamed, replaced, or "
+            "moved between classes or between training and validation)") in again.stderr
     assert "teacher: up to date, skipped" in invoke(*args, "--stages", "teacher").stderr
     for split in ("train", "val"):
         os.rename(tmp_path / "img" / split / "cat", tmp_path / "img" / split / "bird")  # class 0 is now 'bird'
