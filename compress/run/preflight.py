@@ -23,14 +23,7 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
         if run_root and _inside(run_root, folder):
             found.append(f"data.{key}: the run directory '{run_root}' is inside '{folder}', where its files would "
                          "be read as images; pass --run-dir outside it (or start compress from another folder)")
-    if data.root and not data.download and not os.path.isdir(os.path.expanduser(data.root)):
-        if os.path.exists(os.path.expanduser(data.root)):
-            archive = data.root.lower().endswith((".zip", ".tar", ".tgz", ".gz", ".7z", ".rar"))
-            found.append(f"data.root: '{data.root}' is a file, not a folder; "
-                         f"{'unpack it and ' if archive else ''}point data.root at the folder that holds the images")
-        else:
-            found.append(f"data.root: folder '{data.root}' does not exist; point data.root at the dataset"
-                         + _root_of_the_run(run_root, data.root))
+    found.extend(_root_problems(data, run_root))
     from compress.models.registry import source_problem
 
     for key, name in (("model.teacher", cfg.model.teacher), ("model.student", cfg.model.student)):
@@ -85,6 +78,18 @@ def _worker_problems(cfg, stage_names):
     problem = socket_folder_problem()
     return [f"train.num_workers: DataLoader worker processes cannot run here: {problem} (or set "
             "train.num_workers=0)"] if problem else []
+
+
+def _root_problems(data, run_root):
+    """data.root that is not a folder: a file (an archive to unpack), or nothing there."""
+    if not data.root or data.download or os.path.isdir(os.path.expanduser(data.root)):
+        return []
+    if os.path.exists(os.path.expanduser(data.root)):
+        archive = data.root.lower().endswith((".zip", ".tar", ".tgz", ".gz", ".7z", ".rar"))
+        return [f"data.root: '{data.root}' is a file, not a folder; "
+                f"{'unpack it and ' if archive else ''}point data.root at the folder that holds the images"]
+    return [f"data.root: folder '{data.root}' does not exist; point data.root at the dataset"
+            + _root_of_the_run(run_root, data.root)]
 
 
 def _root_of_the_run(run_root, asked):
