@@ -266,7 +266,6 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
 
     from compress.cpus import BusyMeter
     from compress.deploy.latency import default_threads, latency_tables, protocol
-    from compress.quant.verdict import BUSY
 
     if len(models) > 8:
         raise click.BadParameter("give at most 8 ONNX files, or one run directory", param_hint="MODELS")
@@ -287,17 +286,13 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
     names = dict(zip("ABCDEFGH", models))
     with BusyMeter() as meter:
         tables = latency_tables(names, batches, thread_list, repeats, warmup, runtime=runtime)
-    busy = meter.busy
-    crowded = busy is not None and busy >= BUSY
-    if crowded:  # said once, as the report says it
-        echo(f"note: other processes kept {busy:.1f} of this machine's {usable_cpus()} usable CPUs busy while the "
-             "files were timed: these figures are noisy; time again on a quiet machine", err=True)
+    crowded = _say_if_crowded(meter.busy)
     how = (f"{runtime}, CPU: ms of a call, the median over {protocol().rounds} interleaved rounds of each round's "
            f"fastest; a round runs a file up to {protocol().round_s:g} s or {repeats} times, after {warmup} "
            "warm-up runs")
     if as_json:
         echo(json.dumps({"runtime": runtime, "protocol": dataclasses.asdict(protocol(repeats, warmup)),
-                               "cpus_busy": busy, "files": [{"label": k, "path": str(p), "cells": tables[k]}
+                               "cpus_busy": meter.busy, "files": [{"label": k, "path": str(p), "cells": tables[k]}
                                                             for k, p in names.items()]}, indent=2))
     elif len(names) == 1:
         _print_one(models[0], tables["A"], how)
@@ -305,6 +300,17 @@ def bench(models, batch, threads, repeats, warmup, runtime, as_json):
         _print_compared(names, tables, how)
     if not as_json:
         _print_fewer_threads(names, tables, crowded)
+
+
+def _say_if_crowded(busy):
+    """Whether other processes kept CPUs busy while the files were timed (said once, as the report says it)."""
+    from compress.quant.verdict import BUSY
+
+    if busy is None or busy < BUSY:
+        return False
+    echo(f"note: other processes kept {busy:.1f} of this machine's {usable_cpus()} usable CPUs busy while the files "
+         "were timed: these figures are noisy; time again on a quiet machine", err=True)
+    return True
 
 
 def _run_files(path):

@@ -340,29 +340,7 @@ def class_tree(root, others=None):
                     "does)")
         raise InputError(f"data.root: '{root}' must hold one folder per class (<class>/<image>); found {len(names)} "
                          f"class folder{'s' if len(names) != 1 else ''}{hint}")
-    root_real = os.path.realpath(root)
-    seen = {}  # real folder -> class name: two classes in one folder would give every image two labels
-    for name in names:
-        if not is_utf8_name(name):
-            raise InputError(f"data.root: the class folder '{os.path.join(root, name)}' has a name that is not UTF-8 "
-                             "text; rename it (class names are written into the ONNX files and the reports)")
-        real = os.path.realpath(os.path.join(root, name))
-        if real in seen:
-            raise InputError(f"data.root: the class folders '{os.path.join(root, seen[real])}' and "
-                             f"'{os.path.join(root, name)}' are the same folder ('{real}', through a link): each image "
-                             "would be two classes; give each class its own folder of images")
-        seen[real] = name
-        if root_real == real or root_real.startswith(real.rstrip(os.sep) + os.sep):  # every class's images in one
-            raise InputError(f"data.root: the class folder '{os.path.join(root, name)}' is a link to '{real}', which "
-                             f"holds '{root}' itself; replace the link with the class's own folder of images")
-        if split_name(name) and {e.name for e in os.scandir(os.path.join(root, name)) if e.is_dir()} & set(names):
-            # val/cat/ beside cat/: a split, not a class named "val"
-            raise InputError(f"data.root: '{root}' holds a '{name}' folder of class folders beside its class folders; "
-                             f"use {root}/train/<class>/ with {root}/{name}/<class>/, or one folder per class")
-        if any(split_folders(os.path.join(root, name))):
-            inner = os.path.join(root, name)
-            raise InputError(f"data.root: the class folder '{inner}' holds train/ or val/ folders itself: data.root "
-                             f"is one level too high; set data.root={inner}")
+    _check_class_folders(root, names)
     samples = []
     for index, name in enumerate(names):
         files, passed = [], Counter()  # this class's files that are no image it reads, by suffix
@@ -386,6 +364,34 @@ def class_tree(root, others=None):
             others.update(passed)
         samples.extend((f, index) for f in files)
     return names, samples
+
+
+def _check_class_folders(root, names):
+    """Refuse class folders that are not UTF-8 names, two classes in one folder, a link to a folder holding the root
+    itself, a split folder among the classes, and a class folder holding splits (data.root one level too high)."""
+    root_real = os.path.realpath(root)
+    seen = {}  # real folder -> class name: two classes in one folder would give every image two labels
+    for name in names:
+        if not is_utf8_name(name):
+            raise InputError(f"data.root: the class folder '{os.path.join(root, name)}' has a name that is not UTF-8 "
+                             "text; rename it (class names are written into the ONNX files and the reports)")
+        real = os.path.realpath(os.path.join(root, name))
+        if real in seen:
+            raise InputError(f"data.root: the class folders '{os.path.join(root, seen[real])}' and "
+                             f"'{os.path.join(root, name)}' are the same folder ('{real}', through a link): each image "
+                             "would be two classes; give each class its own folder of images")
+        seen[real] = name
+        if root_real == real or root_real.startswith(real.rstrip(os.sep) + os.sep):  # every class's images in one
+            raise InputError(f"data.root: the class folder '{os.path.join(root, name)}' is a link to '{real}', which "
+                             f"holds '{root}' itself; replace the link with the class's own folder of images")
+        if split_name(name) and {e.name for e in os.scandir(os.path.join(root, name)) if e.is_dir()} & set(names):
+            # val/cat/ beside cat/: a split, not a class named "val"
+            raise InputError(f"data.root: '{root}' holds a '{name}' folder of class folders beside its class folders; "
+                             f"use {root}/train/<class>/ with {root}/{name}/<class>/, or one folder per class")
+        if any(split_folders(os.path.join(root, name))):
+            inner = os.path.join(root, name)
+            raise InputError(f"data.root: the class folder '{inner}' holds train/ or val/ folders itself: data.root "
+                             f"is one level too high; set data.root={inner}")
 
 
 def _walk(top):

@@ -130,27 +130,7 @@ def decide(run, cfg, spec, force, stages, world, planning=False, running_first=(
     if force:
         return StageState(action="fresh", reason="--force", announce="running (--force)", **base)
     if entry and entry.get("status") == "complete":
-        modified = _modified_inputs(run, inputs)  # an input replaced by hand is not up to date
-        changed = f"its input {modified[0]} was modified after it was written" if modified else _changes(run, entry,
-                                                                                                           base)
-        if changed:
-            return StageState(action="fresh", reason=changed, announce=f"running again: {changed}", **base)
-        judged = _judged_anew(entry, base)
-        if not judged:
-            return StageState(action="skip", reason="same config and inputs", **base)
-        failing = _fails_now(spec.NAME, entry, cfg)
-        if not failing:
-            return StageState(action="skip", reason=f"same config and inputs; its result passes {judged} too", **base)
-        # its result fails the new bound: judged again from its checkpoint after its last epoch (or trained again)
-        epochs = getattr(getattr(cfg, spec.NAME, None), "epochs", None)
-        main, _ = read_resume(run, spec.NAME, "", epochs)
-        if main is not None and _made_alike(main.extra["_made_with"], base) and epochs is not None \
-                and main.epoch >= epochs:
-            why = f"{failing}: judging its model again from its checkpoint after its last epoch"
-            return StageState(action="resume", reason=why, announce=f"running again: {why}",
-                              resume={"": _same_world(main, world)}, **base)
-        why = f"{failing}: training it again (its checkpoint is gone)"
-        return StageState(action="fresh", reason=why, announce=f"running again: {why}", **base)
+        return _completed(run, cfg, spec, entry, base, world)
     epochs = getattr(getattr(cfg, spec.NAME, None), "epochs", None)
     main, problem = read_resume(run, spec.NAME, "", epochs)
     if main is None:
@@ -175,6 +155,31 @@ def decide(run, cfg, spec, force, stages, world, planning=False, running_first=(
             resume[part] = _same_world(other, world)
     return StageState(action="resume", reason=_resume_reason(entry, resume, epochs, _judged_anew(entry, base)),
                       resume=resume, **base)
+
+
+def _completed(run, cfg, spec, entry, base, world):
+    """The StageState of a stage that completed: skipped when nothing it depends on changed; run again when
+    something did; judged again from its checkpoint when only a key that judges its result (JUDGES_RESULT) changed
+    and its result fails the new value."""
+    modified = _modified_inputs(run, base["inputs"])  # an input replaced by hand is not up to date
+    changed = f"its input {modified[0]} was modified after it was written" if modified else _changes(run, entry, base)
+    if changed:
+        return StageState(action="fresh", reason=changed, announce=f"running again: {changed}", **base)
+    judged = _judged_anew(entry, base)
+    if not judged:
+        return StageState(action="skip", reason="same config and inputs", **base)
+    failing = _fails_now(spec.NAME, entry, cfg)
+    if not failing:
+        return StageState(action="skip", reason=f"same config and inputs; its result passes {judged} too", **base)
+    epochs = getattr(getattr(cfg, spec.NAME, None), "epochs", None)
+    main, _ = read_resume(run, spec.NAME, "", epochs)
+    if main is not None and _made_alike(main.extra["_made_with"], base) and epochs is not None \
+            and main.epoch >= epochs:
+        why = f"{failing}: judging its model again from its checkpoint after its last epoch"
+        return StageState(action="resume", reason=why, announce=f"running again: {why}",
+                          resume={"": _same_world(main, world)}, **base)
+    why = f"{failing}: training it again (its checkpoint is gone)"
+    return StageState(action="fresh", reason=why, announce=f"running again: {why}", **base)
 
 
 def _judged_anew(entry, base):
