@@ -138,7 +138,7 @@ class StageContext:
         threads = self.env.threads or "?"
         if self.env.check_neighbours:
             if _fit_threads_to_free_cores():
-                threads = f"{torch.get_num_threads()} (beside busy neighbours)"
+                threads = f"{torch.get_num_threads()} (the CPUs other processes leave free)"
         if self.env.is_main:
             workers, why = loader_workers(self.cfg.train.num_workers, self.env.device.type, self.env.local_world)
             name = precision.name if precision.dtype is None else f"{precision.name} autocast"
