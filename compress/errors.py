@@ -1,5 +1,7 @@
 """Errors meant for users: one sentence, an exit code, no traceback (unless --debug)."""
 
+import os
+
 EXIT_FAILED = 1  # a stage ran and failed its own check (accuracy budget, NaN loss, parity)
 EXIT_BAD_INPUT = 2  # bad config, CLI argument, path, checkpoint, image
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM; the resume checkpoint was written
@@ -76,8 +78,26 @@ def peer_loss_words(text):
     return sentence if len(sentence) <= 120 else sentence[:120].rsplit(" ", 1)[0] + " ..."
 
 
-def peer_loss_text(first_line):
-    """What a worker that lost its peers says, after 'stopped', on the terminal and as its run log's last line."""
-    return (f"lost contact with another process of the run (it stopped, crashed or was killed; "
-            f"{peer_loss_words(first_line)}); rerun the same command to resume from the last checkpoint - with "
-            "--max-restarts N the group restarts and resumes by itself")
+def peer_loss_text(first_line, environ=None):
+    """What a worker that lost its peers says, after 'stopped', on the terminal and as its run log's last line:
+    that the launcher restarts the group where it has restarts left (`compress run --max-restarts`, or torchrun's),
+    else the command that resumes."""
+    lost = ("lost contact with another process of the run (it stopped, crashed or was killed; "
+            f"{peer_loss_words(first_line)})")
+    left, asked = _restarts(os.environ if environ is None else environ)
+    if left:
+        return (f"{lost}; the launcher restarts the group ({left} restart(s) left), which resumes from the last "
+                "checkpoint")
+    return (f"{lost}; rerun the same command to resume from the last checkpoint"
+            + ("" if asked else " - with --max-restarts N the group restarts and resumes by itself"))
+
+
+def _restarts(environ):
+    """(restarts the launcher has left, whether any were asked for): compress's own launcher's counts, else
+    torchrun's (which compress's launcher runs with none of its own)."""
+    for count, most in (("COMPRESS_LAUNCH_ATTEMPT", "COMPRESS_LAUNCH_MAX_RESTARTS"),
+                        ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")):
+        if (environ.get(most) or "").isdigit():
+            done = int(environ.get(count) or 0) if (environ.get(count) or "0").isdigit() else 0
+            return max(0, int(environ[most]) - done), int(environ[most]) > 0
+    return 0, False

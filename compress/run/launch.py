@@ -13,6 +13,7 @@ _FINAL = (EXIT_BAD_INPUT, EXIT_INTERRUPTED)
 # the signals the launcher itself stops the other workers with when one fails: a consequence, never a cause
 _STOPPED_BY_LAUNCHER = (signal.SIGTERM, signal.SIGINT)
 ATTEMPT_ENV = "COMPRESS_LAUNCH_ATTEMPT"  # 0 for the first start of the group; a restart resumes, never forces
+RESTARTS_ENV = "COMPRESS_LAUNCH_MAX_RESTARTS"  # --max-restarts, for a worker's words when it loses a peer
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,12 @@ def relaunch(nproc, max_restarts, argv):
 def _start_until_done(nproc, max_restarts, argv):
     for attempt in range(max_restarts + 1):
         os.environ[ATTEMPT_ENV] = str(attempt)  # the workers' `compress run` drops --force after the first
+        os.environ[RESTARTS_ENV] = str(max_restarts)
         try:
             codes = _launch_once(nproc, argv)
         finally:
             os.environ.pop(ATTEMPT_ENV, None)
+            os.environ.pop(RESTARTS_ENV, None)
         if codes is None:
             return EXIT_INTERRUPTED
         if not codes:

@@ -149,6 +149,23 @@ def test_the_transports_words_for_a_lost_peer_are_cut_at_a_word_without_source_l
     assert peer_loss_words(long).endswith("word ...") and len(peer_loss_words(long)) <= 124
 
 
+def test_a_lost_peer_says_the_launcher_restarts_the_group_where_it_has_restarts_left():
+    """Under --max-restarts the launcher restarts the group itself: the worker does not tell the user to rerun
+    (nor to pass the flag already given); without restarts left it does."""
+    from compress.errors import peer_loss_text
+
+    line = "Connection reset by peer"
+    ours = {"COMPRESS_LAUNCH_ATTEMPT": "0", "COMPRESS_LAUNCH_MAX_RESTARTS": "2", "TORCHELASTIC_MAX_RESTARTS": "0"}
+    assert peer_loss_text(line, ours).endswith("; the launcher restarts the group (2 restart(s) left), which resumes "
+                                               "from the last checkpoint")
+    spent = {**ours, "COMPRESS_LAUNCH_ATTEMPT": "2"}
+    assert peer_loss_text(line, spent).endswith("; rerun the same command to resume from the last checkpoint")
+    assert peer_loss_text(line, {"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3"}).endswith(
+        "(3 restart(s) left), which resumes from the last checkpoint")  # torchrun by hand
+    assert peer_loss_text(line, {}).endswith("rerun the same command to resume from the last checkpoint - with "
+                                             "--max-restarts N the group restarts and resumes by itself")
+
+
 @pytest.mark.e2e
 def test_torchrun_variables_left_in_the_environment(tmp_path):
     """RANK alone (a shell that once ran a distributed job) is no launch: the run is one process, rank 0, and
