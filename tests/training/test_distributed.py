@@ -100,6 +100,7 @@ def test_a_lost_worker_restarts_the_group_which_resumes_identically(ddp_run, tin
     proc = kill_rank_1(tiny_config, run, tmp_path, restarts=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "lost contact with another process of the run" in proc.stderr and "resuming" in proc.stderr
+    assert "the launcher restarts the group (1 restart(s) left)" in proc.stderr, proc.stderr[-3000:]
     # rank 0 records the stage as cut off, not failed: no advice to change a setting
     assert "resuming the interrupted run" in proc.stderr and "the last run failed" not in proc.stderr, \
         proc.stderr[-3000:]
