@@ -100,8 +100,8 @@ def _scan(cfg):
                  else "one folder per class")
         if tree == train_dir:
             notes += _unread_beside(root, train_dir, cfg)
-        layout = (f"{where}: {cfg.val_fraction:.0%} held out for validation by data.split_seed (of each class, "
-                  "at least one image of each with two or more)")
+        layout = (f"{where}: {cfg.val_fraction:.0%} of each class held out for validation by data.split_seed (at "
+                  "least one image of a class of two or more)")
         given = None
     _refuse_empty(root, train + val)
     notes += _balance(names, train, val, given) + _turned(train + val)

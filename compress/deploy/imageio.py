@@ -88,7 +88,9 @@ def unreadable(path, e, named=True):
     """The InputError for an image Pillow cannot read or convert: its error's class, and with `named` its own
     words where they add to it ("image file is truncated", "conversion from LAB to RGB not supported")."""
     why = e.__class__.__name__
-    if named and str(e) and str(path) not in str(e):
+    if why == "UnidentifiedImageError":  # a text file, an HTML error page, a format Pillow does not know
+        why = "not an image file Pillow recognises"
+    elif named and str(e) and str(path) not in str(e):
         why += f": {printable(str(e), 80)}"
     return InputError(f"cannot read image '{path}' ({why}); fix or remove it (PNG, JPEG, BMP, TIFF, WebP are read)")
 

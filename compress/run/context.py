@@ -153,7 +153,7 @@ class StageContext:
         every checkpoint (QAT's float-layer choice)."""
         env, name = self.env, f"{self.stage} {part}" if part else self.stage
         path = self.run.path(checkpoint_rel(self.stage, part))
-        resume = self._restore(self.state.resume_of(part), path, modules, optimizer, steps_per_epoch, epochs)
+        resume = self._restore(self.state.resume_of(part), path, modules, optimizer, steps_per_epoch, epochs, name)
 
         def save(epoch, step, history, sums):  # every rank calls this at the same step
             if sums is not None:
@@ -182,7 +182,7 @@ class StageContext:
                        self.cfg.train.checkpoint_every, log_epoch, self.cfg.train.progress,
                        clip_grad_norm=self.cfg.train.clip_grad_norm)
 
-    def _restore(self, point, path, modules, optimizer, steps_per_epoch, epochs):
+    def _restore(self, point, path, modules, optimizer, steps_per_epoch, epochs, name):
         if point is None:
             return ResumePoint()
         state = load_training_state(path, modules, optimizer)
@@ -191,12 +191,12 @@ class StageContext:
         if self.env.is_main:
             where = ("after its last epoch" if point.epoch >= epochs
                      else f"epoch {point.epoch + 1}, step {point.step}")
-            log.info("%s: resuming from %s (%s)", self.stage, point.path, where)
+            log.info("%s: resuming from %s (%s)", name, point.path, where)
             then, now = state.get("threads"), torch.get_num_threads()
-            if self.env.device.type == "cpu" and isinstance(then, int) and then != now:
+            if self.env.device.type == "cpu" and isinstance(then, int) and then != now and point.epoch < epochs:
                 log.warning("%s: resuming on %d CPU thread(s) per process where it trained on %d so far: the result "
                             "differs in its last digits from a run on either count alone (train.threads fixes the "
-                            "count)", self.stage, now, then)
+                            "count)", name, now, then)
         # the epoch's running sums are global, counted on rank 0; they count only if we resume at their step
         running = state.get("running") if self.env.is_main and same_step else None
         return ResumePoint(point.epoch, point.step, state["history"], running)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
-from compress.cpus import training_threads
+from compress.cpus import training_threads, usable_cpus
 from compress.errors import CompressError, InputError, MirroredError
 from compress.fileio import dumps
 from compress.torchrun import launched_by_torchrun
@@ -97,6 +97,11 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
     why = "train.threads"
     if not threads:
         threads, why = training_threads(local_world)
+    elif local_world > 1 and threads * local_world > usable_cpus() and _env_int("LOCAL_RANK", 0) == 0:
+        log.warning("train.threads=%d in each of %d processes is %d threads on %d usable CPUs: they wait for each "
+                    "other, and training slows many times over; drop train.threads (the default shares the CPUs "
+                    "among the processes) or set it to %d", threads, local_world, threads * local_world,
+                    usable_cpus(), max(1, usable_cpus() // local_world))
     torch.set_num_threads(threads)
     backend = ""
     if world > 1:

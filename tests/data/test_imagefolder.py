@@ -34,7 +34,7 @@ def test_imagefolder_unreadable_image_names_the_file(tmp_path):
         (tmp_path / cls).mkdir()
         Image.new("RGB", (8, 8)).save(tmp_path / cls / "ok.png")
     (tmp_path / "a" / "broken.png").write_bytes(b"not a png")
-    with pytest.raises(InputError, match="cannot read image .*broken.png"):
+    with pytest.raises(InputError, match=r"cannot read image .*broken.png' \(not an image file Pillow recognises\)"):
         load_data(data_cfg("data.name=imagefolder", f"data.root={tmp_path}", "data.image_size=8"), seed=0)
     for split in ("train", "val"):
         for cls in ("a", "b"):
@@ -335,7 +335,7 @@ def test_a_train_folder_without_val_is_split_not_taken_for_a_class(tmp_path):
     result = invoke("run", "--dry-run", "--run-dir", tmp_path / "run", "--set", "data.name=imagefolder",
                     "--set", f"data.root={tmp_path / 'img'}")
     assert result.exit_code == 0, result.output
-    assert "train/ only (no val/ or test/ beside it): 10% held out" in result.output
+    assert "train/ only (no val/ or test/ beside it): 10% of each class held out" in result.output
     assert "2 classes (cat, dog); 18 training / 2 validation images" in result.output
 
 
