@@ -206,15 +206,20 @@ def test_two_nodes_on_one_machine_train_as_one_group(tiny_config, tmp_path):
 
 def test_clipping_under_two_processes_keeps_the_replicas_identical(tiny_config, tmp_path):
     """The gradients are averaged over the ranks before they are clipped, so every rank scales them alike and the
-    replicas stay one model (2 real gloo processes; a tight clip so it acts on every step)."""
+    replicas stay one model (2 real gloo processes; a tight clip so it acts on every step). train.threads set to
+    every usable CPU in each of the 2 processes: more threads than CPUs, said once."""
     import json
 
+    from compress.cpus import usable_cpus
     from conftest import compress_subprocess
 
-    run = tmp_path / "run"
+    run, cpus = tmp_path / "run", usable_cpus()
     proc = compress_subprocess("run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher", "--nproc-per-node",
-                               "2", "--set", "train.clip_grad_norm=0.05", "--set", "teacher.epochs=1")
+                               "2", "--set", "train.clip_grad_norm=0.05", "--set", "teacher.epochs=1", "--set",
+                               f"train.threads={cpus}")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count(f"train.threads={cpus} in each of 2 processes is {2 * cpus} threads on {cpus} usable "
+                             "CPUs: they wait for each other") == 1, proc.stderr[-3000:]
     metrics = json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["metrics"]
     assert metrics["replicas_identical"] is True
 
