@@ -1,6 +1,6 @@
 """Errors meant for users: one sentence, an exit code, no traceback (unless --debug)."""
 
-import os
+from compress.torchrun import restarts_left
 
 EXIT_FAILED = 1  # a stage ran and failed its own check (accuracy budget, NaN loss, parity)
 EXIT_BAD_INPUT = 2  # bad config, CLI argument, path, checkpoint, image
@@ -84,20 +84,9 @@ def peer_loss_text(first_line, environ=None):
     else the command that resumes."""
     lost = ("lost contact with another process of the run (it stopped, crashed or was killed; "
             f"{peer_loss_words(first_line)})")
-    left, asked = _restarts(os.environ if environ is None else environ)
+    left, asked = restarts_left(environ)
     if left:
         return (f"{lost}; the launcher restarts the group ({left} restart(s) left), which resumes from the last "
                 "checkpoint")
     return (f"{lost}; rerun the same command to resume from the last checkpoint"
             + ("" if asked else " - with --max-restarts N the group restarts and resumes by itself"))
-
-
-def _restarts(environ):
-    """(restarts the launcher has left, whether any were asked for): compress's own launcher's counts, else
-    torchrun's (which compress's launcher runs with none of its own)."""
-    for count, most in (("COMPRESS_LAUNCH_ATTEMPT", "COMPRESS_LAUNCH_MAX_RESTARTS"),
-                        ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")):
-        if (environ.get(most) or "").isdigit():
-            done = int(environ.get(count) or 0) if (environ.get(count) or "0").isdigit() else 0
-            return max(0, int(environ[most]) - done), int(environ[most]) > 0
-    return 0, False

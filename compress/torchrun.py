@@ -4,6 +4,20 @@ ran a distributed job) is no launch: the process is the only one, rank 0."""
 
 import os
 
+ATTEMPT_ENV = "COMPRESS_LAUNCH_ATTEMPT"  # 0 for the first start of the group; a restart resumes, never forces
+RESTARTS_ENV = "COMPRESS_LAUNCH_MAX_RESTARTS"  # `compress run --max-restarts`, for a worker that loses a peer
+
+
+def restarts_left(environ=None):
+    """(restarts the launcher has left for this worker group, whether any were asked for): compress's own
+    launcher's counts, else torchrun's (which compress's launcher runs with none of its own)."""
+    environ = os.environ if environ is None else environ
+    for count, most in ((ATTEMPT_ENV, RESTARTS_ENV), ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")):
+        if (environ.get(most) or "").isdigit():
+            done = int(environ.get(count) or 0) if (environ.get(count) or "0").isdigit() else 0
+            return max(0, int(environ[most]) - done), int(environ[most]) > 0
+    return 0, False
+
 
 def launched_by_torchrun():
     """Whether torchrun (or an equivalent launcher) started this process as one of a group."""

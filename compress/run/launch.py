@@ -7,13 +7,12 @@ import uuid
 
 from compress.cpus import cpu_share
 from compress.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from compress.torchrun import ATTEMPT_ENV, RESTARTS_ENV
 
 # exit codes a restart cannot change: the input is bad (the same error again) or the user stopped the run
 _FINAL = (EXIT_BAD_INPUT, EXIT_INTERRUPTED)
 # the signals the launcher itself stops the other workers with when one fails: a consequence, never a cause
 _STOPPED_BY_LAUNCHER = (signal.SIGTERM, signal.SIGINT)
-ATTEMPT_ENV = "COMPRESS_LAUNCH_ATTEMPT"  # 0 for the first start of the group; a restart resumes, never forces
-RESTARTS_ENV = "COMPRESS_LAUNCH_MAX_RESTARTS"  # --max-restarts, for a worker's words when it loses a peer
 
 log = logging.getLogger(__name__)
 

@@ -188,11 +188,14 @@ def _judged_anew(entry, base):
     old, new = (entry or {}).get("config"), base.get("config") or {}
     if not isinstance(old, dict) or not isinstance(new, dict):
         return ""
+    def value(picked, name, key):  # a config slice holds a key in its section, or as a dotted key of its own
+        section = picked.get(name)
+        return section.get(key) if isinstance(section, dict) else picked.get(f"{name}.{key}")
+
     changed = []
     for name, keys in JUDGES_RESULT.items():
         for key in keys:
-            then, now = (c.get(name, {}).get(key) if isinstance(c.get(name), dict) else c.get(f"{name}.{key}")
-                         for c in (old, new))
+            then, now = value(old, name, key), value(new, name, key)
             if then != now and then is not None:
                 changed.append(f"{name}.{key} {now} (was {then})")
     return ", ".join(changed)
