@@ -6,6 +6,15 @@ import os
 
 ATTEMPT_ENV = "COMPRESS_LAUNCH_ATTEMPT"  # 0 for the first start of the group; a restart resumes, never forces
 RESTARTS_ENV = "COMPRESS_LAUNCH_MAX_RESTARTS"  # `compress run --max-restarts`, for a worker that loses a peer
+NPROC_ENV = "COMPRESS_LAUNCH_NPROC"  # `compress run --nproc-per-node`, kept in the commands a worker suggests
+
+
+def run_command(environ=None):
+    """`compress run` as a command this process suggests should start it: with the launcher's `--nproc-per-node
+    N` when compress's own launcher started it, so a pasted refresh trains in as many processes as this run."""
+    environ = os.environ if environ is None else environ
+    nproc = environ.get(NPROC_ENV) or ""
+    return f"compress run --nproc-per-node {nproc}" if nproc.isdigit() and int(nproc) > 1 else "compress run"
 
 
 def restarts_left(environ=None):

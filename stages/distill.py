@@ -24,6 +24,7 @@ from compress.models.weights import load_pretrained, weights_of
 from compress.run.config import result_hash
 from compress.run.contract import IMAGE_BYTES_DIGEST, Code, File, Images, Input, StageResult
 from compress.run.report import evaluated_in, file_size
+from compress.torchrun import run_command
 from compress.training import distributed as dist
 from compress.training.checkpoint import load_weights, save_weights
 from compress.training.loop import evaluate, fit
@@ -118,7 +119,7 @@ def run(ctx):
                      labelled, len(train_set) - len(labelled))
     if baseline:  # is the gain beyond noise on these images? the exact McNemar test, as export does for QAT vs PTQ
         result.metrics.update(_paired_students(ctx, data, val, precision, student.student))
-        better = report.alone_better(result.metrics, f"compress run --run-dir {shlex.quote(str(ctx.run.root))}")
+        better = report.alone_better(result.metrics, f"{run_command()} --run-dir {shlex.quote(str(ctx.run.root))}")
         if env.is_main and better:
             log.warning("distill: %s", better)
     result.metrics["peak_rss_mb"] = dist.peak_rss_mb(env)  # per process: the store is memory-mapped, not copied

@@ -7,7 +7,7 @@ import uuid
 
 from compress.cpus import cpu_share
 from compress.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
-from compress.torchrun import ATTEMPT_ENV, RESTARTS_ENV
+from compress.torchrun import ATTEMPT_ENV, NPROC_ENV, RESTARTS_ENV
 
 # exit codes a restart cannot change: the input is bad (the same error again) or the user stopped the run
 _FINAL = (EXIT_BAD_INPUT, EXIT_INTERRUPTED)
@@ -37,11 +37,12 @@ def _start_until_done(nproc, max_restarts, argv):
     for attempt in range(max_restarts + 1):
         os.environ[ATTEMPT_ENV] = str(attempt)  # the workers' `compress run` drops --force after the first
         os.environ[RESTARTS_ENV] = str(max_restarts)
+        os.environ[NPROC_ENV] = str(nproc)
         try:
             codes = _launch_once(nproc, argv)
         finally:
-            os.environ.pop(ATTEMPT_ENV, None)
-            os.environ.pop(RESTARTS_ENV, None)
+            for name in (ATTEMPT_ENV, RESTARTS_ENV, NPROC_ENV):
+                os.environ.pop(name, None)
         if codes is None:
             return EXIT_INTERRUPTED
         if not codes:

@@ -9,6 +9,7 @@ decides and writes; the decision is broadcast so every rank does the same thing.
 import logging
 import logging.handlers
 import os
+import shlex
 import sys
 import time
 
@@ -42,6 +43,7 @@ from compress.run.state import (
     root_changed,
     stage_states,
 )
+from compress.torchrun import run_command
 from compress.training import distributed as dist
 from compress.training import interrupt
 from stages import STAGES
@@ -199,8 +201,9 @@ def _say_what_went_stale(run, stage_names, written_cfg):
     states = stage_states(run, STAGES)
     stale = [name for name in STAGES if name not in stage_names and states[name][0] == "invalidated"]
     if stale:
-        log.warning("%s now stale (%s); refresh with: compress run --run-dir %s --stages %s", " and ".join(stale)
-                    + (" are" if len(stale) > 1 else " is"), states[stale[0]][1], run.root, ",".join(stale))
+        log.warning("%s now stale (%s); refresh with: %s --run-dir %s --stages %s", " and ".join(stale)
+                    + (" are" if len(stale) > 1 else " is"), states[stale[0]][1], run_command(),
+                    shlex.quote(str(run.root)), ",".join(stale))
     others = [name for name in STAGES if name not in stage_names and name not in stale]
     drift = config_drift(run, written_cfg, STAGES, others) if written_cfg is not None and others else []
     if drift:

@@ -15,6 +15,7 @@ import shlex
 
 from compress.errors import CompressError
 from compress.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text, size_text
+from compress.torchrun import run_command
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def build_rows(run, stages):
     manifest = run.manifest()
     states = stage_states(run, stages, manifest)
     rows, notes = {}, []
-    refresh = f"compress run --run-dir {shlex.quote(str(run.root))}"
+    refresh = f"{run_command()} --run-dir {shlex.quote(str(run.root))}"
     for name, spec in stages.items():
         entry = manifest["stages"].get(name) or {}
         state, detail = states[name]

@@ -190,7 +190,7 @@ def test_torchrun_variables_left_in_the_environment(tmp_path):
                             env={**base, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                                  "MASTER_PORT": "29733"})
     waited = ""
-    for line in proc.stderr:  # the line is said before the wait begins
+    for line in proc.stderr:  # said once the wait has lasted WAIT_SAID_AFTER_S
         waited += line
         if "waiting for the other 1 process(es) of WORLD_SIZE=2 at 127.0.0.1:29733" in line:
             break

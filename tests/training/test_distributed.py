@@ -335,3 +335,21 @@ def test_workers_stop_and_checkpoint_when_their_launcher_is_killed(tiny_config, 
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["stages"]["teacher"]["status"] == "interrupted"
     assert (run / "teacher" / "last" / "checkpoint.safetensors").is_file()
+
+
+def test_a_two_process_rerun_suggests_its_refresh_in_two_processes_and_meets_without_a_waiting_line(run_copy):
+    """The command a worker suggests keeps the launcher's --nproc-per-node (pasted, it trains as this run did);
+    processes of one machine meet at once, so the rendezvous wait is not announced."""
+    proc = compress_subprocess("run", "--run-dir", run_copy, "--stages", "distill", "--set", "distill.epochs=1",
+                               "--nproc-per-node", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (f"refresh with: compress run --nproc-per-node 2 --run-dir {run_copy} --stages qat,export"
+            in proc.stderr), proc.stderr[-3000:]
+    assert "waiting for the other" not in proc.stderr
+
+
+def test_the_suggested_command_keeps_only_compress_own_launch():
+    from compress.torchrun import NPROC_ENV, run_command
+
+    assert run_command({NPROC_ENV: "4"}) == "compress run --nproc-per-node 4"
+    assert run_command({NPROC_ENV: "1"}) == run_command({}) == run_command({NPROC_ENV: "x"}) == "compress run"
