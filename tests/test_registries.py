@@ -2,6 +2,7 @@
 reference, the log's words and the docs. A loss added to a registry is a loss the product trains with."""
 
 import dataclasses
+import os
 import typing
 
 import pytest
@@ -17,7 +18,7 @@ from compress.models.registry import DESCRIPTIONS, MODELS, SOURCES, source_of
 from compress.run import config
 from compress.run.config import Config
 from compress.run.contract import Code, Images
-from conftest import invoke
+from conftest import ROOT, invoke
 
 
 def test_the_logit_losses_registry_is_the_configs_choices_its_reference_and_its_paper_defaults():
@@ -27,9 +28,17 @@ def test_the_logit_losses_registry_is_the_configs_choices_its_reference_and_its_
     row = next(line for line in reference.splitlines() if line.startswith("| `distill.kd.method`"))
     assert all(name in row for name in LOGIT_LOSSES) and all(loss.summary in row for loss in LOGIT_LOSSES.values())
     for name, loss in LOGIT_LOSSES.items():
+        assert set(loss.paper) == {"temperature", "weight", "ce_weight"}, f"LOGIT_LOSSES['{name}'].paper"
         kd = config.KDConfig(method=name)
         assert (kd.resolved_temperature, kd.resolved_weight) == (loss.paper["temperature"], loss.paper["weight"])
         assert not loss.params or dataclasses.is_dataclass(getattr(kd, loss.params))  # its own config section
+
+
+def test_default_yaml_names_no_registered_choice_a_new_entry_would_leave_out():
+    """configs/default.yaml, the file users copy, points to the generated lists instead of copying them: a loss or
+    dataset added to its registry is not left out of a list there."""
+    text = open(os.path.join(ROOT, "configs", "default.yaml")).read()
+    assert not any(" | ".join(names) in text for names in (LOGIT_LOSSES, DATASETS))
 
 
 def test_every_feature_loss_has_its_config_section():

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from compress.data.imageset import ImageSet
-from compress.data.registry import input_shape_of, loader
+from compress.data.registry import DATASETS, input_shape_of, loader
 from compress.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -122,17 +122,23 @@ def describe(cfg, unlabeled=False):
         n_val = max(1, round(total * cfg.val_fraction))
         n_train, classes = min(total - n_val, cfg.limit or total), [str(i) for i in range(10)]
         layout = f"{what}, {cfg.val_fraction:.0%} held out for validation by data.split_seed"
-    else:
+    elif cfg.name == "cifar10":
         classes, n_train, n_val = list(CIFAR10_CLASSES), min(50000, cfg.limit or 50000), 10000
         layout = f"CIFAR-10's own train/test split from {cfg.root or 'the download'}"
-    shown = ", ".join(classes) if len(classes) <= 10 else f"{', '.join(classes[:8])}, ... {classes[-1]}"
-    flip = cfg.flip if cfg.flip is not None else cfg.name in ("imagefolder", "cifar10")
+    else:  # a dataset added to the registry: its own words; its images are counted when a stage loads them
+        classes, n_train, n_val, layout = None, 0, 0, DATASETS[cfg.name].description
+    flip = cfg.flip if cfg.flip is not None else DATASETS[cfg.name].flip
     augment = {"none": "none", "pad_crop": f"pad {cfg.crop_padding} + random crop",
                "random_resized_crop": f"random resized crop (area {cfg.crop_scale[0]:g}-{cfg.crop_scale[1]:g})"}
     augmentation = " + ".join([augment[cfg.augment]] * (cfg.augment != "none") + ["horizontal flip"] * flip) or "none"
     rule = resize_rule(size, cfg.eval_crop)
+    if classes is None:
+        counted = "classes and images counted when a stage loads them"
+    else:
+        shown = ", ".join(classes) if len(classes) <= 10 else f"{', '.join(classes[:8])}, ... {classes[-1]}"
+        counted = f"{len(classes)} classes ({shown}); {n_train:,} training / {n_val:,} validation images"
     lines = [f"data: {cfg.name}, {layout}",
-             f"      {len(classes)} classes ({shown}); {n_train:,} training / {n_val:,} validation images",
+             f"      {counted}",
              f"      images {channels}x{size}x{size} (validation: shorter side to {rule['shorter_side']}, centre "
              f"crop); training augmentation: {augmentation}"]
     if unlabeled and cfg.unlabeled:

@@ -10,12 +10,15 @@ class Dataset(NamedTuple):
     """One dataset: its loader as "module:function" text (a function `(cfg, seed, place=None)` returning `(train,
     val, class_names, how)`), the words `compress models` and the config reference show, and the channels and
     side of its images as loaded (the checks before any image is read use them; data.image_size and data.channels
-    override them)."""
+    override them); whether training flips its images left-right by default (data.flip: null) - photos yes, digits
+    no; and whether it reads the images in data.root (else a data.root given is refused as not read)."""
 
     loader: str
     description: str
     channels: int
     size: int
+    flip: bool = False
+    reads_root: bool = False
 
 
 DATASETS = {
@@ -24,10 +27,11 @@ DATASETS = {
     "digits": Dataset("compress.data.builtin:load_digits",
                       "scikit-learn's bundled 8x8 handwritten digits (1,797; offline, for tests)", 1, 8),
     "cifar10": Dataset("compress.data.builtin:load_cifar10",
-                       "torchvision's CIFAR-10 from a local copy in data.root (or data.download: true)", 3, 32),
+                       "torchvision's CIFAR-10 from a local copy in data.root (or data.download: true)", 3, 32,
+                       flip=True, reads_root=True),
     "imagefolder": Dataset("compress.data.imagefolder:load_imagefolder",
                            "your images: root/train/<class>/ + root/val/<class>/ (or training/; valid/, dev/, "
-                           "test/...), or a flat root/<class>/", 3, 32),
+                           "test/...), or a flat root/<class>/", 3, 32, flip=True, reads_root=True),
 }
 
 

@@ -81,8 +81,9 @@ class DataConfig:
     augment: Literal["none", "pad_crop", "random_resized_crop"] = _f(
         "none", "training augmentation, seeded per (seed, epoch, image): pad_crop (zero-pad by crop_padding, random "
                 "crop back), random_resized_crop (random area crop_scale and aspect 3/4..4/3, resized to image_size)")
-    flip: Optional[bool] = _f(None, "random horizontal flip in training; default: on for cifar10 and imagefolder, "
-                                    "off for digits (mnist5k, digits)")
+    flip: Optional[bool] = _f(None, "random horizontal flip in training; default: on for "
+                                    + " and ".join(n for n, d in DATASETS.items() if d.flip) + ", off for "
+                                    + " and ".join(n for n, d in DATASETS.items() if not d.flip))
     crop_padding: int = _f(4, "pad_crop: pixels of zero padding on each side")
     crop_scale: tuple[float, ...] = _f((0.25, 1.0), "random_resized_crop: range of the crop's share of the image area")
     eval_crop: float = _f(1.0, "validation and deployment: resize the shorter side to image_size / eval_crop, then "
@@ -98,13 +99,14 @@ class DataConfig:
                                         "label exists; the teacher and the student trained alone never see them")
 
     def __post_init__(self):
-        needs_root = self.name == "imagefolder" or (self.name == "cifar10" and not self.download)
+        reads_root = self.name in DATASETS and DATASETS[self.name].reads_root
+        needs_root = reads_root and not (self.name == "cifar10" and self.download)
         problems_if([
             (self.name not in DATASET_NAMES,
              f"name: unknown dataset '{self.name}'; choose one of {', '.join(DATASET_NAMES)}"),
             (needs_root and not self.root, f"root: dataset '{self.name}' needs a root folder (data.root=PATH)"),
-            (self.root is not None and self.name in ("mnist5k", "digits"),
-             f"root: '{self.root}' is not read: data.name is {self.name}, which ships inside compress; to train on "
+            (self.root is not None and self.name in DATASETS and not reads_root,
+             f"root: '{self.root}' is not read: data.name is {self.name}, which brings its own images; to train on "
              "the images in that folder set data.name: imagefolder (--set data.name=imagefolder)"),
             (not 0.0 < self.val_fraction < 1.0,
              f"val_fraction: must be between 0 and 1, both excluded, got {self.val_fraction}"),
@@ -848,7 +850,7 @@ def as_it_counts(picked, images_followed):
             if data.get(key):
                 data[key] = os.path.realpath(os.path.expanduser(data[key]))
         if data.get("flip") is None and "name" in data:
-            data["flip"] = data["name"] in ("imagefolder", "cifar10")
+            data["flip"] = data["name"] in DATASETS and DATASETS[data["name"]].flip
     model = picked.get("model")
     for key in ("teacher_weights", "student_weights"):  # a file, however spelled, is the file (its sha256 an input)
         value = model.get(key) if isinstance(model, dict) else picked.get(f"model.{key}")
