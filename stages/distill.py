@@ -20,7 +20,7 @@ from compress.distill.store import fill_store, plan_store
 from compress.distill.teacher import wire_features
 from compress.fileio import atomic_write_json, sha256_file
 from compress.models.registry import build_model, count_parameters
-from compress.models.weights import load_pretrained, weights_of
+from compress.models.weights import load_pretrained, normalisation_note, weights_of
 from compress.run.config import result_hash
 from compress.run.contract import IMAGE_BYTES_DIGEST, Code, File, Images, Input, StageResult
 from compress.run.report import evaluated_in, file_size
@@ -57,7 +57,7 @@ def new_student(cfg, data):
     model = build_model(cfg.model.student, data.input_shape, data.num_classes)
     if cfg.model.student_weights:
         note = load_pretrained(model, weights_of(cfg.model, "student"), "model.student_weights", cfg.model.student)
-        log.info("distill: %s", note)
+        log.info("distill: %s%s", note, normalisation_note(cfg.model.student_weights, cfg.data))
     return model
 
 

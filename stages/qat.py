@@ -18,6 +18,7 @@ from compress.training import interrupt
 from compress.training.checkpoint import read_weights, save_weights
 from compress.training.distributed import DistEnv
 from compress.training.loop import evaluate, fit
+from compress.training.precision import Precision
 from compress.training.schedule import Schedule, build_optimizer
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,6 @@ def run(ctx):
     data = ctx.load_data()
     model_name, source = quantized_model(cfg.model, q.source), QAT_SOURCES[q.source]
     float_model, _ = ctx.load_model(source.stage, model_name, data, source.output)
-    # QAT trains in fp32 whatever train.precision says: fake-quant observers learn the activation ranges the
-    # int8 model will use, and bf16/fp16 rounding would shift those ranges away from the exported model's
     loader, val = ctx.loaders(data.train, data.val, q.batch_size, "qat.batch_size")
     full_val = eval_loader(data.val, cfg.train.eval_batch_size, 0, 1)
     float_acc = evaluate(float_model.to(env.device), val, env)["val_acc"]  # before prepare: it edits modules
@@ -54,6 +53,9 @@ def run(ctx):
     prepared = fx.prepare(float_model.cpu(), example, q.backend, q.activation_range, q.per_channel, float_layers)
     ctx.begin()
     prepared.to(env.device)
+    # fp32 whatever train.precision says: fake-quant observers learn the activation ranges the int8 model will
+    # use, and bf16/fp16 rounding would shift those ranges away from the exported model's
+    ctx.precision([prepared], example, fixed=Precision(reason="always: the observers learn int8 ranges in fp32"))
     ddp_model = dist.wrap_ddp(prepared, env)  # prepare first, then DDP: never the other way round
 
     def on_epoch_start(epoch):  # idempotent, so a resumed run re-applies the same schedule

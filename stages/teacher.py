@@ -7,7 +7,7 @@ import torch
 
 from compress.fileio import atomic_write_json
 from compress.models.registry import build_model, count_parameters
-from compress.models.weights import load_pretrained, weights_of
+from compress.models.weights import load_pretrained, normalisation_note, weights_of
 from compress.run.contract import Code, File, Images, StageResult
 from compress.run.report import evaluated_in, file_size
 from compress.training import distributed as dist
@@ -36,7 +36,7 @@ def build_teacher(cfg, data):
     model = build_model(cfg.model.teacher, data.input_shape, data.num_classes)
     if cfg.model.teacher_weights:
         note = load_pretrained(model, weights_of(cfg.model, "teacher"), "model.teacher_weights", cfg.model.teacher)
-        log.info("teacher: %s", note)
+        log.info("teacher: %s%s", note, normalisation_note(cfg.model.teacher_weights, cfg.data))
     return model
 
 

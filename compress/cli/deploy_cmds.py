@@ -216,7 +216,7 @@ def eval_cmd(model, folder, png, as_json):
 
 def _print_eval(result, names, root, model_path, png):
     echo(f"{model_path} on {root}: {result['images']:,} images")
-    five = f"   top-5 {result['top5']:.2f}%" if len(names) > 5 else ""  # 100 % by definition with 5 classes or fewer
+    five = f"   top-5 {result['top5']:.2f}%" if result["top5"] is not None else ""
     echo(f"top-1 {result['top1']:.2f}%{five}")
     width = max(len(n) for n in names)
     echo("\nper class:")
@@ -338,14 +338,16 @@ def _print_one(path, cells, how):
 
 def _print_fewer_threads(names, tables, crowded):
     from compress.deploy.timing import fewer_threads, threads_text
-    from compress.quant.verdict import BUSY_ADVICE
 
-    for label, cells in tables.items():
-        for batch, threads, ms, most, most_ms in fewer_threads(cells):
-            who, few = label if len(names) > 1 else "the file", threads_text(threads)
-            echo(f"{who} at batch {batch}: faster on {few} ({ms:.3f} ms) than on {most} ({most_ms:.3f} ms) - too "
-                 f"little work per layer to split; give the runtime {few} for batches of {batch}"
-                 + (BUSY_ADVICE if crowded else ""))
+    lines = [(label if len(names) > 1 else "the file", batch, threads_text(threads), ms, most, most_ms)
+             for label, cells in tables.items() for batch, threads, ms, most, most_ms in fewer_threads(cells)]
+    for i, (who, batch, few, ms, most, most_ms) in enumerate(lines):
+        why = " - too little work per layer to split" if i == 0 else ""  # the reason once, not on every line
+        echo(f"{who} at batch {batch}: faster on {few} ({ms:.3f} ms) than on {most} ({most_ms:.3f} ms){why}; give "
+             f"the runtime {few} for batches of {batch}")
+    if lines and crowded:  # said once for all of them
+        echo("(measured while other processes kept CPUs busy, where fewer threads win because the others are taken: "
+             "time again on a quiet machine before acting on these lines)")
 
 
 def _print_compared(names, tables, how):

@@ -20,9 +20,11 @@ def _existing_run(run_dir, command):
     if run_dir is None:
         if not os.path.isfile(os.path.join(DEFAULT_RUN, "manifest.json")):
             found = runs_here()
-            raise InputError(f"no run directory given, and {DEFAULT_RUN} holds no run; pass one, e.g. "
-                             f"compress {command} {found[0] if found else 'artifacts/photos'}"
-                             + (f" (runs here: {', '.join(found)})" if found else ""))
+            if found:
+                raise InputError(f"no run directory given, and {DEFAULT_RUN} holds no run; pass one, e.g. "
+                                 f"compress {command} {found[0]} (runs here: {', '.join(found)})")
+            raise InputError(f"no run directory given, and there is no run in {os.path.dirname(DEFAULT_RUN)}/ here; "
+                             f"pass the folder a run wrote (its --run-dir): compress {command} RUN_DIR")
         run_dir = DEFAULT_RUN
     run = RunDir(run_dir)
     if not run.exists():

@@ -232,8 +232,8 @@ def _run_holding(folder):
 
 
 def evaluate_tree(model, samples, chunk=256):
-    """Accuracy figures of `model` on [(path, label)]: top-1, top-5, per class, the confusion matrix (rows: true
-    class, columns: predicted) and the files that could not be read."""
+    """Accuracy figures of `model` on [(path, label)]: top-1, top-5 (None with 5 classes or fewer), per class,
+    the confusion matrix (rows: true class, columns: predicted) and the files that could not be read."""
     n = len(model.class_names())
     confusion = np.zeros((n, n), dtype=np.int64)
     top5 = count = 0
@@ -260,7 +260,8 @@ def evaluate_tree(model, samples, chunk=256):
     totals = confusion.sum(1)
     per_class = {name: (100.0 * correct[i] / totals[i] if totals[i] else None, int(totals[i]))
                  for i, name in enumerate(model.class_names())}
-    return {"images": count, "top1": 100.0 * correct.sum() / max(count, 1), "top5": 100.0 * top5 / max(count, 1),
+    return {"images": count, "top1": 100.0 * correct.sum() / max(count, 1),
+            "top5": 100.0 * top5 / max(count, 1) if n > 5 else None,  # 100 % by definition with 5 classes or fewer
             "per_class": per_class, "confusion": confusion.tolist(), "skipped": skipped}
 
 

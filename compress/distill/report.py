@@ -61,7 +61,8 @@ def gain_notes(m, method, refresh="compress run", alone_shipped=False):
     if m.get("mix", "none") != "none":  # the same augmentation for both, but mixing can handicap the one alone
         extra += (f" Both students trained on {m['mix']}-mixed images, which can cost a student trained alone points "
                   f"of its own: the student alone of a run with distill.mix=none is the one to beat.")
-    return [f"Distillation ({method}) gained {m['gain_points']:+.2f} points: the distilled student reaches "
+    moved = f"gained {m['gain_points']:.2f}" if m["gain_points"] >= 0 else f"lost {-m['gain_points']:.2f}"
+    return [f"Distillation ({method}) {moved} points: the distilled student reaches "
             f"{m['val_acc']:.2f}%, the same student trained alone ({same}) {m['baseline_val_acc']:.2f}%; the teacher "
             f"{m['teacher_val_acc']:.2f}%.{_noise(m)}{'' if m.get('unlabelled_images') else _time_gain(m)}{extra}"
             + (_alone_wins_note(refresh, alone_shipped) if _alone_wins(m) else "")]

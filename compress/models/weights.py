@@ -454,6 +454,19 @@ def offline():
     return os.environ.get(OFFLINE_ENV, "0") not in ("", "0")
 
 
+IMAGENET_NORMALISATION = "--set 'data.mean=[0.485, 0.456, 0.406]' --set 'data.std=[0.229, 0.224, 0.225]'"
+
+
+def normalisation_note(value, data_cfg):
+    """For weights torchvision names (`value`: a model.*_weights setting) while the images are normalised with
+    their own mean and std (data.mean/std null): the words that say so and how to feed the weights ImageNet's;
+    else ''."""
+    if not (isinstance(value, str) and is_weights_name(value)) or data_cfg.mean is not None:
+        return ""
+    return ("; your images are normalised with their own mean and std, not ImageNet's that these weights learned on "
+            f"(fine-tuning adapts to that; {IMAGENET_NORMALISATION} feeds them ImageNet's)")
+
+
 def is_weights_name(value):
     """`pretrained`, `torchvision:<NAME>` (IMAGENET1K_V1, DEFAULT, ...) or `torchvision:<Enum>.<NAME>`: weights
     torchvision names, not a file."""

@@ -98,11 +98,24 @@ def fit(model, loss_fn, optimizer, loader, schedule, evaluate_fn, session, on_ep
                    "seconds": round(seconds, 2), "lr_end": optimizer.param_groups[0]["lr"]}
         history.append(metrics)
         if session.env.is_main:
-            log.info("%s: epoch %d/%d %s", session.name, epoch + 1, schedule.epochs, format_metrics(metrics))
+            log.info("%s: epoch %d/%d %s", session.name, epoch + 1, schedule.epochs,
+                     _epoch_words(metrics, carried and session.resume.step, schedule.steps_per_epoch))
         session.checkpoint(epoch + 1, 0)
         if session.log_epoch:
             session.log_epoch(history)
     return list(history)
+
+
+def _epoch_words(metrics, resumed_at, steps):
+    """The epoch's log line; an epoch resumed into says where, and one whose steps all ran before the
+    interruption (this run only evaluated it) shows no time or speed of its own."""
+    if not resumed_at:
+        return format_metrics(metrics)
+    if resumed_at >= steps:
+        return (format_metrics({k: v for k, v in metrics.items() if k not in ("seconds", "images_per_s")})
+                + f" (its {steps} steps ran before the interruption)")
+    words, where = format_metrics(metrics), f"resumed at step {resumed_at + 1} of {steps}"
+    return words[:-1] + f", {where})" if words.endswith(")") else f"{words} ({where})"
 
 
 def _carried_images(session, epoch):

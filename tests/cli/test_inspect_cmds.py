@@ -79,10 +79,13 @@ def test_show_qualifies_the_verdict_of_an_export_json_changed_by_hand(run_copy):
 
 @pytest.mark.parametrize("command", ["show", "report"])
 def test_without_a_run_directory_the_example_is_the_command_itself(command, tmp_path, monkeypatch):
+    """With no run under artifacts/ here, the example names no run that is not there (a --run-dir run is
+    anywhere): the command itself, with the folder to pass."""
     monkeypatch.chdir(tmp_path)  # no artifacts/default here
     result = invoke(command)
     assert result.exit_code == 2
-    assert f"holds no run; pass one, e.g. compress {command} artifacts/photos" in result.stderr
+    assert (f"no run in artifacts/ here; pass the folder a run wrote (its --run-dir): compress {command} RUN_DIR"
+            in result.stderr) and "artifacts/photos" not in result.stderr
 
 
 def test_a_run_named_as_run_names_it_is_found_under_artifacts(finished_run, tmp_path, monkeypatch):

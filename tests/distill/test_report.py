@@ -27,6 +27,7 @@ def test_the_report_says_how_to_ship_the_student_alone_when_it_is_better_beyond_
          "gain_points": -2.19, "gain_p": 0.008, "val_images": 1966, "distilled_only_right": 80,
          "alone_only_right": 123}
     note = report_notes({"metrics": m})[0]
+    assert note.startswith("Distillation (standardized-logit KD) lost 2.19 points: ")  # not "gained -2.19"
     assert note.endswith("The student trained alone is the better one: to quantize and ship it instead, compress run "
                          "--stages qat,export --set qat.source=baseline.")
     assert alone_better(m) == ("the student trained alone (75.69%) is better than the distilled one (73.50%) beyond "

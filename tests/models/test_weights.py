@@ -264,6 +264,18 @@ def test_a_damaged_file_in_torchs_cache_is_named_with_how_to_get_it_again(torch_
         load_pretrained(build_model("torchvision:mobilenet_v3_small", (3, 32, 32), 10), str(elsewhere), "model.x")
 
 
+def test_the_normalisation_note_is_for_torchvision_weights_with_the_images_own_statistics():
+    from compress.models.weights import normalisation_note
+    from conftest import data_cfg
+
+    own = data_cfg("data.name=digits")
+    assert "not ImageNet's" in normalisation_note("pretrained", own)
+    assert normalisation_note("torchvision:IMAGENET1K_V1", own).startswith("; your images are normalised")
+    assert normalisation_note("/weights/teacher.pth", own) == ""  # a file: whatever it learned on, compress can't say
+    given = data_cfg("data.name=digits", "data.mean=[0.485]", "data.std=[0.229]")
+    assert normalisation_note("pretrained", given) == ""
+
+
 def photo_folder(root):
     rng = np.random.default_rng(0)
     for split, n in (("train", 12), ("val", 4)):
@@ -297,6 +309,8 @@ def test_a_run_starts_the_teacher_from_the_cached_weights_offline_or_says_what_t
     ran = invoke(*args)
     assert ran.exit_code == 0, ran.output
     assert f"teacher: model.teacher_weights: loaded {FILE}" in ran.stderr
+    assert ("your images are normalised with their own mean and std, not ImageNet's that these weights learned on "
+            "(fine-tuning adapts to that; --set 'data.mean=[0.485, 0.456, 0.406]'") in ran.stderr
     assert f"{FILE}' in torch's weights cache is not the file torchvision publishes" in ran.stderr
     assert "note: model.teacher_weights" not in invoke(*args, "--dry-run").stdout
     assert "up to date, skipped" in invoke(*args).stderr  # the cached file's sha256 is the stage's input

@@ -89,6 +89,8 @@ def test_the_float_layer_choice_says_its_rule(run_copy):
     assert "a layer stays float only where that makes the student at least 5% faster, so one a little faster in " \
         "float stays int8" in line
     assert "(kept float)" in line or "(stays int8)" in line
+    # like teacher and distill, the stage says what it trains in and on how many threads (results repeat at one)
+    assert "qat: trains in fp32 (always: the observers learn int8 ranges in fp32) on " in result.output
 
 
 def test_qat_source_baseline_quantizes_and_ships_the_student_trained_alone(run_copy):

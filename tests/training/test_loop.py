@@ -120,9 +120,13 @@ def test_resuming_from_a_mid_epoch_point_gives_the_uninterrupted_weights(precisi
     assert not torch.equal(straight[1].weight, tiny_model()[1].weight), "nothing was trained"
 
 
-def test_an_epoch_resumed_after_its_last_step_reports_no_speed_but_keeps_its_loss():
+def test_an_epoch_resumed_after_its_last_step_reports_no_speed_but_keeps_its_loss(caplog):
     """Interrupted after the last step of an epoch, the rerun trains no image of it: its speed is not a figure
-    (it was millions of images/s: every image over no time), while its loss still averages the whole epoch."""
+    (it was millions of images/s: every image over no time), while its loss still averages the whole epoch; the
+    log line says its steps ran before the interruption instead of a time of 0.0 s."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="compress.training.loop")
     data = tiny_data()
     model = tiny_model()
     loader = train_loader(data, 16, 0, 1, seed=0)
@@ -134,6 +138,13 @@ def test_an_epoch_resumed_after_its_last_step_reports_no_speed_but_keeps_its_los
     assert history[0]["images_per_s"] is None
     assert history[0]["train_loss"] == pytest.approx(0.5)
     assert history[1]["images_per_s"] > 0  # the next epoch trains every image again
+    said = [r.getMessage() for r in caplog.records if "epoch" in r.getMessage()]
+    assert said[0].endswith(f"(its {steps} steps ran before the interruption)") and "s)" not in said[0], said
+    assert "img/s (" in said[1] and "resumed" not in said[1] and "interruption" not in said[1], said
+    from compress.training.loop import _epoch_words
+
+    assert _epoch_words({"train_loss": 1.0, "images_per_s": 100.0, "seconds": 2.0}, 3, 10) == (
+        "train_loss 1.0000 100 img/s (2.0s, resumed at step 4 of 10)")  # mid-epoch: this run's part, said so
     # mid-epoch: the images trained before the resume point are carried into the loss, not into the speed
     from compress.training.loop import _carried_images
 
