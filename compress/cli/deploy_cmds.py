@@ -84,7 +84,7 @@ def _warn_if_unverified(run_dir, *files):
                  f"{'them' if len(changed) > 1 else 'it'}; {fix}", err=True)
 
 
-def _warn_if_training_images(model, root):
+def _warn_if_training_images(model, root, samples=()):
     """Say when the folder eval scores holds the images the model's run trained on: its flat data.root (split by
     seed: most of it is training images) or its train/ folder - that accuracy is not a held-out one."""
     from compress.deploy.evaluate import run_of
@@ -105,6 +105,26 @@ def _warn_if_training_images(model, root):
     if os.path.isdir(trained) and os.path.realpath(root) == os.path.realpath(trained):
         echo(f"warning: '{root}' holds the images this model was trained on (data.root of {run}): the "
                    "accuracy below is not a held-out one; evaluate on images it has not seen", err=True)
+    elif samples:
+        _warn_if_copies(run, root, samples)
+
+
+def _warn_if_copies(run, root, samples):
+    """Say when images of the folder eval scores are byte copies of the run's training images (a folder copied
+    from data.root): some evaluated images, or a sample of a large folder, compared by size, then sha256."""
+    from compress.data.imagefolder import copies_of_training_images, scan
+    from compress.errors import CompressError
+    from compress.run.config import load_config
+
+    try:
+        data = load_config(os.path.join(run, "config.yaml"), follow_links=False, run_config=True).data
+        looked, copies = copies_of_training_images(scan(data)["train"], samples)
+    except (CompressError, OSError):  # the training images are gone or changed: nothing to compare with
+        return
+    if copies:
+        echo(f"warning: {len(copies)} of the {len(looked)} {'sampled ' if len(looked) < len(samples) else ''}images "
+             f"in '{root}' are byte-identical copies of images this model was trained on (e.g. '{copies[0][0]}' of "
+             f"'{copies[0][1]}'): the accuracy below counts them, which reads higher than on new photos", err=True)
 
 
 @cli.command()
@@ -199,7 +219,7 @@ def eval_cmd(model, folder, png, as_json):
     note = unread_note(root, samples, list(onnx_model.meta["class_names"]))
     if note:
         echo(f"note: {note}", err=True)
-    _warn_if_training_images(model, root)
+    _warn_if_training_images(model, root, samples)
     result = evaluate_tree(onnx_model, samples)
     for path, error in result["skipped"]:
         echo(f"skipped: {one_line(error)}", err=True)

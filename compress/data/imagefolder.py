@@ -436,7 +436,7 @@ def _split_overlap(root, train_dir, held_out, train, val):
         raise InputError(f"data.root: {len(linked):,} of the {len(val):,} images in {held_out}/ are training images "
                          f"through links (e.g. '{linked[0][0]}' is '{linked[0][1]}'): validation accuracy on them says "
                          f"nothing about new photos; {fix}")
-    sample, copies = _copies_of_training_images(train, val)
+    sample, copies = copies_of_training_images(train, val)
     if not copies:
         return []
     told = (f"{len(copies)} of {len(sample)} {'sampled ' if len(sample) < len(val) else ''}images in {held_out}/ are "
@@ -447,7 +447,7 @@ def _split_overlap(root, train_dir, held_out, train, val):
     return [f"{told}: the validation accuracy counts them, which reads higher than on new photos"]
 
 
-def _copies_of_training_images(train, val):
+def copies_of_training_images(train, val):
     """(the validation images looked at, [(validation image, training image it copies)]): every validation image, or
     COPY_SAMPLE evenly spaced ones of a larger split; a copy is the same file (through a link) or the same bytes in
     the same class. Only files of a size found in the same class are read."""
@@ -465,7 +465,7 @@ def _flat_copies(val, train):
     """The note for a folder split by data.split_seed whose validation share holds copies of training images
     (`IMG_1 (1).jpg` beside `IMG_1.jpg`, a folder copied into its class): they were split apart, and the validation
     accuracy counts images trained on."""
-    sample, copies = _copies_of_training_images(train, val)
+    sample, copies = copies_of_training_images(train, val)
     if not copies:
         return []
     return [f"{len(copies)} of the {len(sample)} {'sampled ' if len(sample) < len(val) else ''}validation images split "

@@ -320,6 +320,12 @@ def test_a_tiny_or_lopsided_folder_runs_end_to_end_and_the_summary_says_what_its
     assert "top-5" not in scored.output  # 100 % by definition with 3 classes
     assert f"warning: '{tmp_path / 'img'}' holds the images this model was trained on (data.root of " \
         f"{tmp_path / 'run'}): the accuracy below is not a held-out one" in scored.stderr
+    shutil.copytree(tmp_path / "img", tmp_path / "copied")  # the same photos elsewhere: found by their bytes
+    copied = invoke("eval", tmp_path / "run", tmp_path / "copied")
+    assert copied.exit_code == 0 and "are byte-identical copies of images this model was trained on" in copied.stderr
+    image_tree(tmp_path / "new", splits=("",), count=2, seed=7)  # other photos: nothing to say
+    new = invoke("eval", tmp_path / "run", tmp_path / "new")
+    assert new.exit_code == 0 and "warning" not in new.stderr, new.stderr
     image_tree(tmp_path / "lopsided", splits=("",), classes=("cat",), count=40)
     image_tree(tmp_path / "lopsided", splits=("",), classes=("dog",), count=2)
     plan = invoke("run", "--dry-run", "--run-dir", tmp_path / "run2", "--set", "data.name=imagefolder", "--set",
