@@ -10,10 +10,17 @@ NPROC_ENV = "COMPRESS_LAUNCH_NPROC"  # `compress run --nproc-per-node`, kept in 
 
 
 def run_command(environ=None):
-    """`compress run` as a command this process suggests should start it: with the launcher's `--nproc-per-node
-    N` when compress's own launcher started it, so a pasted refresh trains in as many processes as this run."""
+    """`compress run` as a command this process suggests should start it, launched as this run was, so a pasted
+    refresh trains in as many processes: `--nproc-per-node N` for compress's own launcher and for torchrun on one
+    node (the same launch), `torchrun ... -m compress run` for several nodes (only the user knows their flags)."""
     environ = os.environ if environ is None else environ
     nproc = environ.get(NPROC_ENV) or ""
+    if not nproc.isdigit() and launched_by_torchrun(environ):
+        world, local = environ.get("WORLD_SIZE") or "", environ.get("LOCAL_WORLD_SIZE") or ""
+        if world.isdigit() and int(world) > 1:
+            if local != world:
+                return "torchrun ... -m compress run"
+            nproc = world
     return f"compress run --nproc-per-node {nproc}" if nproc.isdigit() and int(nproc) > 1 else "compress run"
 
 
@@ -28,9 +35,10 @@ def restarts_left(environ=None):
     return 0, False
 
 
-def launched_by_torchrun():
+def launched_by_torchrun(environ=None):
     """Whether torchrun (or an equivalent launcher) started this process as one of a group."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+    environ = os.environ if environ is None else environ
+    return "TORCHELASTIC_RUN_ID" in environ or ("RANK" in environ and "WORLD_SIZE" in environ)
 
 
 def env_rank():

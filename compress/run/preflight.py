@@ -128,7 +128,9 @@ def _device_problems(cfg):
     import torch
 
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
-        return ["train.device (--device): cuda was asked for but torch sees no CUDA device; use --device cpu or auto"]
+        from compress.training.distributed import NO_CUDA
+
+        return [NO_CUDA]
     return []
 
 

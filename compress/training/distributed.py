@@ -22,7 +22,7 @@ import torch
 import torch.distributed as tdist
 
 from compress.cpus import training_threads, usable_cpus
-from compress.errors import CompressError, InputError, MirroredError
+from compress.errors import CompressError, ConfigError, InputError, MirroredError
 from compress.fileio import dumps
 from compress.torchrun import launched_by_torchrun
 
@@ -75,9 +75,12 @@ def _env_int(name, default):
     return int(os.environ.get(name, default))
 
 
+NO_CUDA = "train.device (--device): cuda was asked for but torch sees no CUDA device; use --device cpu or auto"
+
+
 def pick_device(preference, local_rank):
     if preference == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto")
+        raise ConfigError([NO_CUDA])  # the words the preflight (dry run, launcher) says it in
     if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")

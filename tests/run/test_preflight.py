@@ -260,3 +260,6 @@ def test_a_dry_run_refuses_device_cuda_without_a_cuda_device_as_the_run_does(tmp
     assert result.exit_code == 2, result.output
     assert "train.device (--device): cuda was asked for but torch sees no CUDA device" in result.output
     assert not (tmp_path / "run").exists()
+    ran = invoke("run", "--run-dir", tmp_path / "run", "--device", "cuda")  # one process: in the same words
+    assert ran.exit_code == 2 and "error: config error: train.device (--device): cuda was asked for" in ran.stderr
+    assert not (tmp_path / "run").exists()

@@ -348,8 +348,12 @@ def test_a_two_process_rerun_suggests_its_refresh_in_two_processes_and_meets_wit
     assert "waiting for the other" not in proc.stderr
 
 
-def test_the_suggested_command_keeps_only_compress_own_launch():
+def test_the_suggested_command_is_launched_as_this_run_was():
     from compress.torchrun import NPROC_ENV, run_command
 
     assert run_command({NPROC_ENV: "4"}) == "compress run --nproc-per-node 4"
     assert run_command({NPROC_ENV: "1"}) == run_command({}) == run_command({NPROC_ENV: "x"}) == "compress run"
+    by_hand = {"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}
+    assert run_command(by_hand) == "compress run --nproc-per-node 4"  # torchrun on one node: the same launch
+    assert run_command({**by_hand, "LOCAL_WORLD_SIZE": "2"}) == "torchrun ... -m compress run"  # two nodes
+    assert run_command({"RANK": "1"}) == "compress run"  # a stray RANK is no launch
