@@ -41,6 +41,20 @@ def launched_by_torchrun(environ=None):
     return "TORCHELASTIC_RUN_ID" in environ or ("RANK" in environ and "WORLD_SIZE" in environ)
 
 
+def env_count(name, default=0, environ=None):
+    """A whole number a launcher put in the environment (RANK, WORLD_SIZE, a restart count), or `default` when
+    unset; anything else is one sentence naming the variable (the caller raises it: this module imports nothing
+    of compress)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(name)
+    if value is None or value == "":
+        return default
+    if not value.strip().isascii() or not value.strip().isdigit():
+        raise ValueError(f"{name}={value!r} is not a whole number >= 0; it comes from torchrun (or your scheduler): "
+                         f"unset it to run one process, or launch with torchrun")
+    return int(value)
+
+
 def env_rank():
     """This process's rank in its launch: RANK under a launcher, 0 otherwise."""
     if not launched_by_torchrun():

@@ -116,6 +116,10 @@ def metadata_of(model_proto):
     return meta
 
 
+CONTROL_FLOW = ("Loop", "Scan", "If")  # no exported classifier holds one
+SCORE_TYPES = ("tensor(float)", "tensor(float16)", "tensor(double)")
+
+
 class OnnxModel:
     """An onnxruntime CPU session plus the preprocessing stored in the file."""
 
@@ -146,9 +150,23 @@ class OnnxModel:
         self.fixed_batch = batch_of(path, proto)
         self.input_name = self.session.get_inputs()[0].name
         if require_metadata:
+            self._check_scores(proto)
             self._check_metadata()
         self.input_shape = tuple(self.meta["input_shape"] if "input_shape" in self.meta and require_metadata
                                  else self._graph_input_shape())
+
+    def _check_scores(self, proto):
+        """Refuse a file whose graph is not the classifier compress exports - float scores (batch, classes), no
+        control flow (a Loop can run for as long as its inputs say) - before an image is read."""
+        loops = sorted({n.op_type for n in proto.graph.node if n.op_type in CONTROL_FLOW})
+        if loops:
+            raise InputError(f"'{self.path}' holds control flow ({', '.join(loops)}), which no classifier compress "
+                             "exports has; re-export the model with `compress run --stages export`")
+        out = self.session.get_outputs()[0]
+        if out.type not in SCORE_TYPES or len(out.shape or ()) != 2:
+            raise InputError(f"'{self.path}' outputs {printable(str(out.type), 40)} of shape "
+                             f"{printable(str(out.shape), 60)}, not the float class scores (batch, classes) compress "
+                             "reads; re-export the model with `compress run --stages export`")
 
     def _check_metadata(self):
         """Refuse metadata that would silently give wrong answers (a std of 0, a mean per wrong channel count)."""

@@ -116,4 +116,10 @@ def _launch_once(nproc, argv):
 def first_attempt():
     """Whether this is a worker group's first attempt: one restarted after losing a worker (by torchrun, or by
     --max-restarts) resumes instead of redoing the stages --force asked for."""
-    return not any(int(os.environ.get(k) or 0) for k in ("TORCHELASTIC_RESTART_COUNT", ATTEMPT_ENV))
+    from compress.errors import InputError
+    from compress.torchrun import env_count
+
+    try:
+        return not any(env_count(k) for k in ("TORCHELASTIC_RESTART_COUNT", ATTEMPT_ENV))
+    except ValueError as e:
+        raise InputError(str(e)) from None

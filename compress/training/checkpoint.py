@@ -14,6 +14,7 @@
 
 import hashlib
 import json
+import math
 import os
 
 import torch
@@ -102,7 +103,7 @@ def read_metadata(path):
         meta = header.get("__metadata__") or {}
     except InputError as e:
         raise CheckpointError(str(e)) from None
-    except (OSError, ValueError, AttributeError) as e:
+    except (OSError, ValueError, AttributeError, RecursionError) as e:
         raise CheckpointError(f"'{path}' is truncated or not a safetensors file ({e.__class__.__name__}); "
                               "delete it, or rerun the stage with --force") from None
     return {k: _decode(v) for k, v in meta.items()}
@@ -127,7 +128,7 @@ def read_weights(path, expect_stage=None, expect_model=None, expect_sha256=None)
 def _decode(value):
     try:
         return json.loads(value)
-    except (ValueError, TypeError):  # not JSON (JSONDecodeError), or an integer too long to convert
+    except (ValueError, TypeError, RecursionError):  # not JSON, an integer too long to convert, nested too deep
         return value
 
 
@@ -210,7 +211,7 @@ def optimizer_problem(value, tensors):
     `optim.<param index>.<name>` tensors) from being restored, as words for "is damaged (...)", or None."""
     try:
         record = json.loads(value) if isinstance(value, str) else None
-    except ValueError:  # JSONDecodeError, and an integer too long to convert
+    except (ValueError, RecursionError):  # not JSON, an integer too long to convert, nested too deep
         record = None
     if not isinstance(record, dict):
         return "its 'optimizer' metadata is not JSON"
@@ -276,6 +277,10 @@ def load_training_state(path, modules, optimizer):
 MAX_COUNT = 10**9  # epochs or steps of an epoch no run reaches
 
 
+def _finite_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def resume_state_problem(state, epochs=None, steps_per_epoch=None):
     """What is wrong with a resume checkpoint's JSON state (types, ranges), or None."""
     if not isinstance(state, dict):
@@ -291,8 +296,9 @@ def resume_state_problem(state, epochs=None, steps_per_epoch=None):
     if steps_per_epoch is not None and state["step"] > steps_per_epoch:
         return f"'step' {state['step']} is beyond the {steps_per_epoch} steps of an epoch"
     history = state.get("history", [])
-    if not isinstance(history, list) or not all(isinstance(h, dict) and "val_acc" in h for h in history):
-        return "'history' is not a list of epoch metrics"
+    if not isinstance(history, list) or not all(isinstance(h, dict) and _finite_number(h.get("val_acc"))
+                                                for h in history):
+        return "'history' is not a list of epoch metrics (each with a finite val_acc)"
     running = state.get("running")
     if running is not None and not (isinstance(running, dict) and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in running.values())):

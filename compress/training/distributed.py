@@ -24,7 +24,7 @@ import torch.distributed as tdist
 from compress.cpus import training_threads, usable_cpus
 from compress.errors import CompressError, ConfigError, InputError, MirroredError
 from compress.fileio import dumps
-from compress.torchrun import launched_by_torchrun
+from compress.torchrun import env_count, launched_by_torchrun
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,10 @@ def die_with_launcher():
 
 
 def _env_int(name, default):
-    return int(os.environ.get(name, default))
+    try:
+        return env_count(name, default)
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 NO_CUDA = "train.device (--device): cuda was asked for but torch sees no CUDA device; use --device cpu or auto"
@@ -199,8 +202,8 @@ def _attempt_store(world, timeout):
     that. None (use env://) when the agent does not host the store."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
         return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    client = tdist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    client = tdist.TCPStore(os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0), world, is_master=False,
                             timeout=timeout)
     return tdist.PrefixStore(f"compress/attempt_{attempt}", client)
 

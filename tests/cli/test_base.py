@@ -209,3 +209,24 @@ def test_a_stray_rank_alone_makes_a_one_process_group_of_rank_0(monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     with process_group("cpu", threads=1) as env:
         assert (env.rank, env.world, env.is_main, env.distributed) == (0, 1, True, False)
+
+
+def test_launcher_variables_that_are_not_numbers_are_one_sentence_naming_them(monkeypatch):
+    """RANK=abc, WORLD_SIZE=abc, a restart count of 'abc': one sentence naming the variable, not 'unexpected
+    ValueError'."""
+    from compress.errors import InputError
+    from compress.run.launch import first_attempt
+    from compress.torchrun import env_count
+    from compress.training.distributed import process_group
+
+    assert env_count("X", 3, {}) == 3 and env_count("X", 3, {"X": "7"}) == 7
+    with pytest.raises(ValueError, match=r"^X='-1' is not a whole number >= 0; it comes from torchrun"):
+        env_count("X", 0, {"X": "-1"})
+    monkeypatch.setenv("RANK", "abc")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(InputError, match=r"^RANK='abc' is not a whole number"):
+        with process_group("cpu", threads=1):
+            pass
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "abc")
+    with pytest.raises(InputError, match=r"^TORCHELASTIC_RESTART_COUNT='abc' is not a whole number"):
+        first_attempt()

@@ -119,3 +119,43 @@ def test_non_finite_scores_are_refused(tmp_path, images, bias):
     assert "RuntimeWarning" not in result.output and "nan%" not in result.output, result.output
     refused(invoke("eval", model, tree),
             f"'{model}' gives non-finite scores (NaN or inf) for the validation images; re-export the model")
+
+
+def _with_tail(source, path, nodes, output, weights=()):
+    """The classifier `source` with `nodes` after its logits and `output` (a ValueInfo) as its only output."""
+    model = onnx.load(source)
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(weights)
+    del model.graph.output[:]
+    model.graph.output.append(output)
+    onnx.save(model, path)
+    return path
+
+
+def test_a_graph_that_is_not_a_classifier_of_float_scores_is_refused_before_an_image_is_read(tmp_path, images):
+    """Scores of rank 1 or 3, booleans or text, and a Loop (which runs as long as its inputs say) are no file
+    export writes: one sentence each for predict and eval, not 'unexpected AxisError' or a minute's wait."""
+    paths, tree = images
+    base = classifier(tmp_path / "base.onnx")
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    yes = numpy_helper.from_array(np.array(True), "yes")
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Identity", ["x_in"], ["x_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("x_in", TensorProto.FLOAT, ["N", 10])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, ["N", 10])])
+    cases = {
+        "rank1": ([helper.make_node("ReduceMax", ["logits"], ["top"], keepdims=0, axes=[1])],
+                  helper.make_tensor_value_info("top", TensorProto.FLOAT, ["N"]), [], "of shape ['N']"),
+        "bool": ([helper.make_node("Greater", ["logits", "b"], ["above"])],
+                 helper.make_tensor_value_info("above", TensorProto.BOOL, ["N", 10]), [], "outputs tensor(bool)"),
+        "loop": ([helper.make_node("Loop", ["one", "yes", "logits"], ["looped"], body=body)],
+                 helper.make_tensor_value_info("looped", TensorProto.FLOAT, ["N", 10]), [one, yes],
+                 "holds control flow (Loop)"),
+    }
+    for name, (nodes, output, weights, words) in cases.items():
+        model = _with_tail(base, tmp_path / f"{name}.onnx", nodes, output, weights)
+        for args in (["predict", model, *paths], ["eval", model, tree]):
+            refused(invoke(*args), f"'{model}'", words, "re-export the model")

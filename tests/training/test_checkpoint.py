@@ -205,3 +205,18 @@ def test_a_resume_step_or_epoch_beyond_any_schedule_is_damaged_without_the_data(
         "any schedule"
     assert "401-digit" in resume_state_problem({**state, "epoch": 10**400})  # past a float: no OverflowError
     assert resume_state_problem({**state, "step": 3}) is None
+
+
+def test_a_resume_state_with_text_for_an_accuracy_or_json_nested_too_deep_is_damaged():
+    """An accuracy that is text (its best would compare a float with a str) and JSON nested 100,000 deep (a
+    RecursionError in the parser) are a damaged checkpoint, said as one, not 'unexpected ...'."""
+    from compress.training.checkpoint import _decode, optimizer_problem, resume_state_problem
+
+    state = {"epoch": 1, "step": 0, "history": [{"val_acc": "98"}], "config_hash": "x"}
+    assert resume_state_problem(state) == "'history' is not a list of epoch metrics (each with a finite val_acc)"
+    assert "history" in resume_state_problem({**state, "history": [{"val_acc": float("nan")}]})
+    assert resume_state_problem({**state, "history": [{"val_acc": 98.0}]}) is None
+    deep = "[" * 100_000 + "]" * 100_000
+    assert _decode(deep) == deep  # kept as text, which is no mapping: refused as damaged
+    assert resume_state_problem(_decode(deep)) == "its state is not a mapping"
+    assert optimizer_problem(deep, {}) == "its 'optimizer' metadata is not JSON"
