@@ -16,11 +16,23 @@ class CompressError(Exception):
     exit_code = EXIT_BAD_INPUT
 
 
+LONGEST_PROBLEM = 1000  # characters of one problem said; a 5-million-character value is not echoed whole
+
+
+def _shortened(problem):
+    """`problem` with the middle of an overlong one left out: its start names the key, its end what to do."""
+    problem = str(problem)
+    if len(problem) <= LONGEST_PROBLEM:
+        return problem
+    cut = len(problem) - LONGEST_PROBLEM + 200
+    return f"{problem[:LONGEST_PROBLEM - 400]} ... ({cut:,} characters left out) ... {problem[-200:]}"
+
+
 class ConfigError(CompressError):
     """Config file or override problems; carries every problem found, not just the first."""
 
     def __init__(self, problems, source=None):
-        self.problems = list(problems)
+        self.problems = [_shortened(p) for p in problems]
         self.source = source
         where = f" in {source}" if source else ""
         if len(self.problems) == 1:

@@ -110,7 +110,9 @@ class CompressGroup(click.Group):
         except KeyboardInterrupt:
             if _debug["on"]:
                 traceback.print_exc()
-            echo(f"stopped: {CTRL_C_STOP}", err=True)
+            # the pipeline's words for `compress run`; the other commands write nothing a rerun continues
+            pipeline = ctx.invoked_subcommand == "run"
+            echo(f"stopped: {CTRL_C_STOP if pipeline else 'interrupted (Ctrl-C)'}", err=True)
             ctx.exit(EXIT_INTERRUPTED)
         except Exception as e:
             if _debug["on"]:

@@ -215,6 +215,9 @@ def eval_cmd(model, folder, png, as_json):
         check_png_path(png)
     onnx_model = _model(model)
     names = onnx_model.class_names()
+    if png and len(names) > SHOWN_CLASSES:
+        raise InputError(f"--png draws the confusion matrix of up to {SHOWN_CLASSES} classes; '{onnx_model.path}' "
+                         f"has {len(names):,}: leave --png out (--json holds the matrix)")
     root, samples = labelled_tree(folder, list(onnx_model.meta["class_names"]))
     note = unread_note(root, samples, list(onnx_model.meta["class_names"]))
     if note:
@@ -234,6 +237,9 @@ def eval_cmd(model, folder, png, as_json):
         click.get_current_context().exit(EXIT_BAD_INPUT)
 
 
+SHOWN_CLASSES = 100  # the confusion matrix eval prints and draws, at most this many classes a side
+
+
 def _print_eval(result, names, root, model_path, png):
     echo(f"{model_path} on {root}: {result['images']:,} images")
     five = f"   top-5 {result['top5']:.2f}%" if result["top5"] is not None else ""
@@ -243,6 +249,11 @@ def _print_eval(result, names, root, model_path, png):
     for name, (acc, count) in result["per_class"].items():
         if count:
             echo(f"  {name:{width}}  {acc:6.2f}%  of {count:,}")
+    if len(names) > SHOWN_CLASSES:  # 10,000 classes would print a matrix of 100 million cells
+        echo(f"\nconfusion matrix: {len(names):,} x {len(names):,} classes, in --json")
+        if png:
+            echo(f"\nconfusion matrix drawn in {png}")
+        return
     cols = [n[:5] for n in names]
     echo("\nconfusion (rows: true class, columns: predicted)")
     echo(" " * (width + 2) + " ".join(f"{c:>5}" for c in cols))

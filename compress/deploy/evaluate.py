@@ -71,7 +71,7 @@ def deployed_file(path):
     run = _export_run(path)
     verdict = export_report.read(run, "verdict")
     file = export_report.deployment_file(run, verdict.file, "verdict.file")
-    return file, f"{verdict.file}, export's choice (compress show {shlex.quote(str(run))} says why)"
+    return file, f"{verdict.file}, export's choice (compress show {one_line(shlex.quote(str(run)))} says why)"
 
 
 def _export_run(path):
@@ -92,7 +92,7 @@ def image_paths(arguments, others=None):
     for arg in arguments:
         arg = os.path.expanduser(arg)
         if any(c in arg for c in "*?[") and not os.path.exists(arg):
-            matches = sorted(glob.glob(arg, recursive=True))
+            matches = _glob(arg)
             if not matches:
                 raise InputError(f"no file matches '{arg}'")
             found.extend(dict.fromkeys(p for m in matches if os.path.isdir(m) or m.lower().endswith(IMAGE_EXTENSIONS)
@@ -100,6 +100,26 @@ def image_paths(arguments, others=None):
         else:
             found.extend(_images_in(arg, others))
     return found
+
+
+def _glob(pattern):
+    """glob.glob(pattern, recursive=True), sorted, with each `**` walked once by `walk_tree`: glob follows links to
+    folders under `**` without end (two links to `.` make a walk that never finishes, one names each image 40
+    times)."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        return sorted(glob.glob(pattern))
+    i = parts.index("**")
+    base, rest = os.sep.join(parts[:i]) or ("." if i == 0 else os.sep), os.sep.join(parts[i + 1:])
+    bases = glob.glob(base) if glob.has_magic(base) else [base]
+    matches = set()
+    for top in (b for b in bases if os.path.isdir(b)):
+        if not rest:  # 'photos/**': the folder, walked by the caller (each image once)
+            matches.add(top)
+            continue
+        for folder, _ in walk_tree(top, skip=skipped):
+            matches.update(_glob(os.path.join(glob.escape(folder), rest)))
+    return sorted(matches)
 
 
 def _images_in(arg, others=None):

@@ -14,7 +14,7 @@ import re
 import shlex
 
 from compress.errors import CompressError
-from compress.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text, size_text
+from compress.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text, safe_text, size_text
 from compress.torchrun import run_command
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,9 @@ def write_report(run, stages):
     if rows:
         text += ["![accuracy vs size and latency](report.png)", ""]
         plot(rows, run.path("report.png"))
-    atomic_write_text(run.path("report.md"), "\n".join(text))
+    # escaped like the terminal's lines: `cat report.md` must not act on a control character from a folder's
+    # name or a message a file held
+    atomic_write_text(run.path("report.md"), safe_text("\n".join(text)))
     return rows
 
 

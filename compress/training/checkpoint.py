@@ -300,9 +300,9 @@ def resume_state_problem(state, epochs=None, steps_per_epoch=None):
                                                 for h in history):
         return "'history' is not a list of epoch metrics (each with a finite val_acc)"
     running = state.get("running")
-    if running is not None and not (isinstance(running, dict) and all(
+    if running is not None and not (isinstance(running, dict) and {"images", "loss"} <= set(running) and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in running.values())):
-        return "'running' is not a mapping of numbers"
+        return "'running' is not a mapping of numbers (with 'images' and 'loss')"
     for key in ("config_hash",):
         if not isinstance(state.get(key), str):
             return f"'{key}' is missing"

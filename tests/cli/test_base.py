@@ -230,3 +230,19 @@ def test_launcher_variables_that_are_not_numbers_are_one_sentence_naming_them(mo
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "abc")
     with pytest.raises(InputError, match=r"^TORCHELASTIC_RESTART_COUNT='abc' is not a whole number"):
         first_attempt()
+
+
+def test_ctrl_c_in_a_command_other_than_run_is_said_without_the_pipelines_words():
+    """predict, eval, bench have no stages to resume: their Ctrl-C line does not speak of them."""
+    from compress.cli.base import cli
+
+    @cli.command("interrupted-for-a-test")
+    def _stopped():
+        raise KeyboardInterrupt
+
+    try:
+        result = invoke("interrupted-for-a-test")
+    finally:
+        cli.commands.pop("interrupted-for-a-test")
+    assert result.exit_code == 130
+    assert result.stderr.strip().splitlines()[-1] == "stopped: interrupted (Ctrl-C)"

@@ -138,6 +138,15 @@ def test_a_quoted_recursive_glob_reads_its_images_once_and_leaves_folders_and_ot
     expected = [str(tmp_path / "imgs" / "a.png"), str(tmp_path / "imgs" / "sub" / "b.png")]
     assert sorted(image_paths([str(tmp_path / "imgs" / "**")])) == expected
     assert sorted(image_paths([str(tmp_path / "imgs" / "*")])) == expected
+    assert sorted(image_paths([str(tmp_path / "imgs" / "**" / "*.png")])) == expected
+    # links back into the tree: glob would walk them without end (two) or name each image 40 times (one)
+    (tmp_path / "imgs" / "l1").symlink_to(".")
+    (tmp_path / "imgs" / "sub" / "l2").symlink_to("..")
+    for pattern in ("**", os.path.join("**", "*.png"), os.path.join("s*", "**", "*.png")):
+        found = image_paths([str(tmp_path / "imgs" / pattern)])
+        assert len(found) == len({os.path.realpath(p) for p in found}), pattern  # each image once
+        assert {os.path.realpath(p) for p in found} == {os.path.realpath(p) for p in expected
+                                                         if pattern.startswith("**") or "sub" in p}, pattern
 
 
 def test_eval_matches_class_folders_copied_from_macos_to_the_models_classes(tmp_path):

@@ -17,7 +17,7 @@ META = {"class_names": [str(i) for i in range(10)], "input_shape": [1, 8, 8], "c
 BENCH = ("--threads", "1", "--repeats", "2", "--warmup", "0")
 
 
-def classifier(path, batch="N", extra_input=False, bias=0.0, reshape=64, meta=None):
+def classifier(path, batch="N", extra_input=False, bias=0.0, reshape=64, meta=None, classes=10):
     """An 8x8 grayscale, 10-class ONNX file: reshape to (-1, `reshape`), back to (-1, 64), a MatMul and a bias of
     `bias` (NaN or inf for non-finite scores); a `reshape` that does not divide 64 fails in onnxruntime only when
     run. `batch` is the inputs' first dimension, `meta` replaces compress.* values (raw strings)."""
@@ -25,15 +25,16 @@ def classifier(path, batch="N", extra_input=False, bias=0.0, reshape=64, meta=No
     inputs = [x] + ([helper.make_tensor_value_info("extra", TensorProto.FLOAT, [batch, 3])] if extra_input else [])
     weights = [numpy_helper.from_array(np.array([-1, reshape], np.int64), "to"),
                numpy_helper.from_array(np.array([-1, 64], np.int64), "back"),
-               numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 10)).astype(np.float32), "w"),
-               numpy_helper.from_array(np.full((10,), bias, np.float32), "b")]
+               numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, classes)).astype(np.float32), "w"),
+               numpy_helper.from_array(np.full((classes,), bias, np.float32), "b")]
     nodes = [helper.make_node("Reshape", ["input", "to"], ["r"]), helper.make_node("Reshape", ["r", "back"], ["flat"]),
              helper.make_node("MatMul", ["flat", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["logits"])]
     graph = helper.make_graph(nodes, "classifier", inputs,
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 10])], weights)
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])], weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    for key, value in {**{k: json.dumps(v) for k, v in META.items()}, **(meta or {})}.items():
+    names = {"class_names": json.dumps([str(i) for i in range(classes)])}
+    for key, value in {**{k: json.dumps(v) for k, v in META.items()}, **names, **(meta or {})}.items():
         prop = model.metadata_props.add()
         prop.key, prop.value = f"compress.{key}", value
     onnx.save(model, path)
@@ -159,3 +160,16 @@ def test_a_graph_that_is_not_a_classifier_of_float_scores_is_refused_before_an_i
         model = _with_tail(base, tmp_path / f"{name}.onnx", nodes, output, weights)
         for args in (["predict", model, *paths], ["eval", model, tree]):
             refused(invoke(*args), f"'{model}'", words, "re-export the model")
+
+
+def test_eval_of_a_model_of_thousands_of_classes_prints_no_matrix_of_millions_of_cells(tmp_path, images):
+    """A 2,000-class file scored on two class folders: the per-class lines, the matrix left to --json (it was
+    printed whole: 601 MB for 10,000 classes), and --png refused before any image is read."""
+    _, tree = images
+    model = classifier(tmp_path / "many.onnx", classes=2000)
+    scored = invoke("eval", model, tree)
+    assert scored.exit_code == 0, scored.output
+    assert "confusion matrix: 2,000 x 2,000 classes, in --json" in scored.stdout and len(scored.stdout) < 100_000
+    refused(invoke("eval", model, tree, "--png", tmp_path / "c.png"),
+            "--png draws the confusion matrix of up to 100 classes", "has 2,000")
+    assert not (tmp_path / "c.png").exists()

@@ -543,3 +543,16 @@ def test_a_crop_key_the_augmentation_does_not_read_changes_no_result():
     pad = "data.augment=pad_crop"
     assert h(pad, "data.crop_scale=[0.5, 1.0]") == h(pad) != h(pad, "data.crop_padding=8")
     assert h("data.augment=none", "data.crop_padding=8", "data.crop_scale=[0.5, 1.0]") == h("data.augment=none")
+
+
+def test_a_value_millions_of_characters_long_is_not_echoed_whole(tmp_path):
+    """One sentence stays one sentence: the middle of an overlong value is left out, the key and the advice kept."""
+    from compress.errors import LONGEST_PROBLEM, ConfigError
+
+    path = tmp_path / "long.yaml"
+    path.write_text("data:\n  name: " + "x" * 5_000_000 + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    (problem,) = e.value.problems
+    assert len(problem) <= LONGEST_PROBLEM and problem.startswith("data.name: unknown dataset 'xxx")
+    assert "characters left out" in problem and problem.endswith("; choose one of mnist5k, digits, cifar10, imagefolder")

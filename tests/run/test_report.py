@@ -185,3 +185,20 @@ def test_a_damaged_figure_the_export_notes_read_from_the_manifest_leaves_the_not
         assert result.exit_code == 0, result.output
         assert "export: its notes are left out - a figure in manifest.json is damaged" in result.stdout + \
             (run_copy / "report.md").read_text()
+
+
+def test_report_md_escapes_control_characters_from_a_manifest_message_and_the_run_folders_name(run_copy, tmp_path):
+    """report.md is read with `cat`: an ESC from a stage's message in manifest.json or from the run folder's name
+    is written escaped, as the terminal's lines are."""
+    import shutil
+
+    run = tmp_path / "r\x1b]0;pwn\x07"
+    shutil.copytree(run_copy, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["stages"]["teacher"].update(status="failed", message="\x1b[2J boom")
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke("report", run)
+    assert result.exit_code == 0, result.output
+    report = (run / "report.md").read_text()
+    assert "\x1b" not in report and "\x07" not in report
+    assert "r\\x1b]0;pwn\\x07" in report and "\\x1b[2J boom" in report

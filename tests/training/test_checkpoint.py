@@ -216,6 +216,7 @@ def test_a_resume_state_with_text_for_an_accuracy_or_json_nested_too_deep_is_dam
     assert resume_state_problem(state) == "'history' is not a list of epoch metrics (each with a finite val_acc)"
     assert "history" in resume_state_problem({**state, "history": [{"val_acc": float("nan")}]})
     assert resume_state_problem({**state, "history": [{"val_acc": 98.0}]}) is None
+    assert "'running'" in resume_state_problem({**state, "history": [], "running": {"loss": 1.0}})  # no images
     deep = "[" * 100_000 + "]" * 100_000
     assert _decode(deep) == deep  # kept as text, which is no mapping: refused as damaged
     assert resume_state_problem(_decode(deep)) == "its state is not a mapping"
