@@ -555,4 +555,5 @@ def test_a_value_millions_of_characters_long_is_not_echoed_whole(tmp_path):
         load_config(str(path))
     (problem,) = e.value.problems
     assert len(problem) <= LONGEST_PROBLEM and problem.startswith("data.name: unknown dataset 'xxx")
-    assert "characters left out" in problem and problem.endswith("; choose one of mnist5k, digits, cifar10, imagefolder")
+    assert "characters left out" in problem
+    assert problem.endswith("; choose one of mnist5k, digits, cifar10, imagefolder")
