@@ -730,6 +730,94 @@ def other_classes(w):
     return ["run", *PHOTOS, "--run-dir", run_dir, "--set", f"data.root={second}", "--stages", "qat,export"]
 
 
+@case("hang", "a quoted recursive glob through two self-links (`'gloop/**'`): `compress predict` (ran forever)",
+      "a.png", 0, "tests/deploy/test_evaluate.py")
+def glob_through_self_links(w):
+    from PIL import Image
+
+    folder = os.path.join(w, "gloop")
+    os.makedirs(folder)
+    Image.new("L", (8, 8), 90).save(os.path.join(folder, "a.png"))
+    os.symlink(".", os.path.join(folder, "l1"))
+    os.symlink(".", os.path.join(folder, "l2"))
+    return ["predict", os.path.join(w, "base"), os.path.join(folder, "**")]
+
+
+def _onnx_with_tail(w, name, nodes, output, weights=()):
+    import onnx
+
+    proto = onnx.load(os.path.join(w, "base", "export", "model.fp32.onnx"))
+    final = proto.graph.output[0].name
+    for node in nodes:
+        node.input[:] = [final if i == "logits" else i for i in node.input]
+    proto.graph.node.extend(nodes)
+    proto.graph.initializer.extend(weights)
+    del proto.graph.output[:]
+    proto.graph.output.append(output)
+    path = os.path.join(w, f"{name}.onnx")
+    onnx.save(proto, path)
+    return path
+
+
+@case("hang", "an ONNX file whose Loop runs 10^15 times: `compress predict` (ran until killed; Ctrl-C did not stop "
+      "it)", "holds control flow (Loop)", 2, "tests/deploy/test_hostile_onnx.py")
+def onnx_loop(w):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Identity", ["x_in"], ["x_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("x_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, None)])
+    path = _onnx_with_tail(w, "loop", [helper.make_node("Loop", ["many", "yes", "logits"], ["looped"], body=body)],
+                           helper.make_tensor_value_info("looped", TensorProto.FLOAT, ["N", 10]),
+                           [numpy_helper.from_array(np.array(10**15, np.int64), "many"),
+                            numpy_helper.from_array(np.array(True), "yes")])
+    return ["predict", path, os.path.join(w, "digit.png")]
+
+
+@case("one sentence", "an ONNX file whose output is one number an image (argmax): `compress eval` (unexpected "
+      "AxisError)", "not the float class scores", 2, "tests/deploy/test_hostile_onnx.py")
+def onnx_rank1(w):
+    from onnx import TensorProto, helper
+
+    path = _onnx_with_tail(w, "argmax", [helper.make_node("ArgMax", ["logits"], ["pick"], axis=1, keepdims=0)],
+                           helper.make_tensor_value_info("pick", TensorProto.INT64, ["N"]))
+    tree = os.path.join(w, "eval_rank1", "0")
+    os.makedirs(tree)
+    shutil.copy(os.path.join(w, "digit.png"), tree)
+    return ["eval", path, os.path.dirname(tree)]
+
+
+@case("one sentence", "`RANK=abc WORLD_SIZE=2` in the shell: `compress run` (unexpected ValueError)",
+      "RANK='abc' is not a whole number", 2, "tests/cli/test_base.py")
+def rank_not_a_number(w):
+    return (["run", "--run-dir", os.path.join(w, "r_rank_abc"), "--stages", "teacher"],
+            {"RANK": "abc", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29772"})
+
+
+@case("one sentence", "a resume checkpoint nested 100,000 brackets deep: `compress show` (unexpected "
+      "RecursionError)", "damaged", 0, "tests/training/test_checkpoint.py")
+def deep_checkpoint_state(w):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    run_dir = copy_run(w, "r_deep_state")
+    path = os.path.join(run_dir, "teacher", "model.safetensors")
+    with safe_open(path, "pt") as f:
+        meta = dict(f.metadata())
+    meta["state"] = "[" * 100_000 + "]" * 100_000
+    last = os.path.join(run_dir, "teacher", "last")
+    os.makedirs(last, exist_ok=True)
+    save_file(load_file(path), os.path.join(last, "checkpoint.safetensors"), metadata=meta)
+    edit_json(os.path.join(run_dir, "manifest.json"), lambda d: {**d, "stages": {**d["stages"], "teacher": {
+        **d["stages"]["teacher"], "status": "interrupted"}}})
+    return ["show", run_dir]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="/tmp/hostile", help="scratch folder (emptied first)")
