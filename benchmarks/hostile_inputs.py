@@ -694,8 +694,13 @@ def stray_rank(w):
 @case("message", "`RANK=3 WORLD_SIZE=2` in the shell: `compress run` (rank 3 of 2 waited for peers)",
       "RANK=3 is not one of WORLD_SIZE=2's ranks", 2, "tests/cli/test_base.py")
 def rank_outside_world(w):
-    return (["run", "--run-dir", os.path.join(w, "r_rank3"), "--stages", "teacher"],
-            {"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29771"})
+    return _teacher_with_rank(w, "r_rank3", "3", "29771")
+
+
+def _teacher_with_rank(w, name, rank, port):
+    """The teacher stage started as rank `rank` of a WORLD_SIZE 2 whose peer never comes."""
+    return (["run", "--run-dir", os.path.join(w, name), "--stages", "teacher"],
+            {"RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
 
 
 @case("lost", "a truncated photo in `data.unlabeled` (header intact): the full run (was found after the teacher "
@@ -795,8 +800,7 @@ def onnx_rank1(w):
 @case("one sentence", "`RANK=abc WORLD_SIZE=2` in the shell: `compress run` (unexpected ValueError)",
       "RANK='abc' is not a whole number", 2, "tests/cli/test_base.py")
 def rank_not_a_number(w):
-    return (["run", "--run-dir", os.path.join(w, "r_rank_abc"), "--stages", "teacher"],
-            {"RANK": "abc", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29772"})
+    return _teacher_with_rank(w, "r_rank_abc", "abc", "29772")
 
 
 @case("one sentence", "a resume checkpoint nested 100,000 brackets deep: `compress show` (unexpected "
