@@ -173,3 +173,11 @@ def test_eval_of_a_model_of_thousands_of_classes_prints_no_matrix_of_millions_of
     refused(invoke("eval", model, tree, "--png", tmp_path / "c.png"),
             "--png draws the confusion matrix of up to 100 classes", "has 2,000")
     assert not (tmp_path / "c.png").exists()
+
+
+def test_evals_json_top5_is_null_at_5_classes_or_fewer(tmp_path, images):
+    """With 5 classes or fewer every image is in its top 5: 100 % says nothing, so the JSON says null."""
+    _, tree = images
+    few = json.loads(invoke("eval", classifier(tmp_path / "three.onnx", classes=3), tree, "--json").stdout)
+    ten = json.loads(invoke("eval", classifier(tmp_path / "ten.onnx"), tree, "--json").stdout)
+    assert few["top5"] is None and isinstance(ten["top5"], float)
