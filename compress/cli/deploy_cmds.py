@@ -250,9 +250,7 @@ def _print_eval(result, names, root, model_path, png):
         if count:
             echo(f"  {name:{width}}  {acc:6.2f}%  of {count:,}")
     if len(names) > SHOWN_CLASSES:  # 10,000 classes would print a matrix of 100 million cells
-        echo(f"\nconfusion matrix: {len(names):,} x {len(names):,} classes, in --json")
-        if png:
-            echo(f"\nconfusion matrix drawn in {png}")
+        echo(f"\nconfusion matrix: {len(names):,} x {len(names):,} classes, in --json")  # --png was refused
         return
     cols = [n[:5] for n in names]
     echo("\nconfusion (rows: true class, columns: predicted)")
