@@ -385,11 +385,12 @@ def _run_stage(run, cfg, env, spec, stage_state, writer):
         raise
     state.begin()  # no-op when the stage called it, as stages do
     if env.is_main:
+        this = state.this_run()  # the clock read once: the log and the manifest say the same time
+        total = round(state.earlier + this, 2)
         outputs = {rel: sha256_file(run.path(rel)) for rel in result.outputs}
         run.update_stage(name, status="complete", outputs=outputs, metrics=result.metrics, finished=now(),
-                         seconds=state.seconds(), resumed=stage_state.action == "resume")
-        total = state.seconds()
-        log.info("%s: done in %.1fs%s - %s", name, state.this_run(),
+                         seconds=total, resumed=stage_state.action == "resume")
+        log.info("%s: done in %.1fs%s - %s", name, this,
                  f" ({total:.1f}s in all, with the run it resumed)" if state.earlier else "", result.summary)
     dist.barrier(env)
     return vars(result)
