@@ -45,7 +45,10 @@ def graceful_stop():
         yield
     finally:
         for sig, old in previous.items():
-            signal.signal(sig, old)
+            # a torchrun worker's SIGTERM comes from its agent stopping the group as this process says why it
+            # stopped and exits: it keeps the flag-only handler, so the line is said and the exit code is its own
+            if not (sig == signal.SIGTERM and "TORCHELASTIC_RUN_ID" in os.environ):
+                signal.signal(sig, old)
 
 
 def local_request():
