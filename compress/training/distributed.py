@@ -119,7 +119,7 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
         if store is not None:
             kwargs.update(store=store, rank=rank, world_size=world)
         _import_modules_that_bind_the_world_group()
-        with _stoppable(), _said_if_slow(rank, world):
+        with _stoppable(), _said_if_slow(rank, world, local_world):
             tdist.init_process_group(backend, timeout=timeout, **kwargs)
     ours = why not in ("train.threads", "OMP_NUM_THREADS")  # a count the user chose is theirs to keep
     env = DistEnv(rank, world, local_rank, local_world, device, backend, f"{threads} ({why})",
@@ -132,17 +132,20 @@ def process_group(device_preference="auto", threads=None, timeout_minutes=30):
     _teardown(env, clean=True)
 
 
-WAIT_SAID_AFTER_S = 5.0  # peers on one machine meet within a second or two; a longer wait is worth a line
+WAIT_SAID_AFTER_S = 5.0  # peers on other nodes that are up meet within seconds; a longer wait is worth a line
+LOCAL_WAIT_SAID_AFTER_S = 60.0  # one launcher started every peer: only a machine far too busy lags them a minute
 
 
 @contextlib.contextmanager
-def _said_if_slow(rank, world):
-    """Rank 0 says what it waits for once the rendezvous has taken WAIT_SAID_AFTER_S: a peer that never comes
-    (another node not started, a wrong MASTER_ADDR) is then named, and a local group that meets at once prints
-    nothing. The wait is native code that releases the GIL, so a timer thread can speak during it."""
+def _said_if_slow(rank, world, local_world):
+    """Rank 0 says what it waits for once the rendezvous has taken WAIT_SAID_AFTER_S (LOCAL_WAIT_SAID_AFTER_S when
+    every peer is on this machine, started by one launcher, seconds apart on a busy machine): a peer that never
+    comes (another node not started, a wrong MASTER_ADDR) is then named, and a group that meets prints nothing.
+    The wait is native code that releases the GIL, so a timer thread can speak during it."""
     timer = None
     if rank == 0:
-        timer = threading.Timer(WAIT_SAID_AFTER_S, log.info, args=(
+        after = LOCAL_WAIT_SAID_AFTER_S if local_world >= world else WAIT_SAID_AFTER_S
+        timer = threading.Timer(after, log.info, args=(
             "waiting for the other %d process(es) of WORLD_SIZE=%d at %s:%s (Ctrl-C stops the wait)", world - 1,
             world, os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?")))
         timer.daemon = True
