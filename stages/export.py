@@ -152,12 +152,12 @@ def _cpus_busy(ctx, busy):
     """Cores other processes kept busy while the files were timed (said once, here and in the report, from
     verdict.BUSY on); not counted with several processes, whose other ranks wait for this one (NCCL's wait spins
     a core) and would be counted."""
-    busy = busy if ctx.env.world == 1 else None
-    if busy is None:
+    if busy is None or ctx.env.world > 1:
         return None
+    busy = round(busy, 1)  # the figure export.json and the report keep: the log's warning follows the same one
     if busy >= verdict.BUSY:
         log.warning("export: %s", verdict.busy_note(busy, ctx.stage_path()))
-    return round(busy, 1)
+    return busy
 
 
 def _fail_if_asked(ctx, report, e):

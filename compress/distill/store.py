@@ -536,8 +536,8 @@ def fill_store(store, plan, teacher, train_set, env, batch_size, precision, show
     if plan["missing"]:
         store.build(teacher, train_set, env, batch_size, lambda x: precision.inputs(x, env.device), plan,
                     precision.autocast)
-        if env.is_main:
-            log.info("distill: teacher outputs for %d chunk(s) computed in %.1fs", len(plan["missing"]),
-                     time.perf_counter() - start)
+    seconds = time.perf_counter() - start  # read once: the log line and the stage's metrics say the same time
+    if plan["missing"] and env.is_main:
+        log.info("distill: teacher outputs for %d chunk(s) computed in %.1fs", len(plan["missing"]), seconds)
     store.open()
-    return store.describe(plan, time.perf_counter() - start)
+    return store.describe(plan, seconds)
