@@ -163,8 +163,8 @@ def test_the_busy_meter_counts_neighbours_not_this_process_or_the_children_it_wa
     neither is a busy neighbour; a process spinning beside it is."""
     from compress.cpus import BusyMeter, _own_cpu_seconds
 
-    before = _own_cpu_seconds()  # a child that spins for 0.5 s of its own CPU time, whatever else runs
-    subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.5: pass"], check=True)
+    before = _own_cpu_seconds()  # a child that spins for 0.6 s of its own CPU time (os.times counts in 10 ms ticks)
+    subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.6: pass"], check=True)
     assert _own_cpu_seconds() - before >= 0.5  # counted as this process's: subtracted from what the CPUs did
     spin = "import time\nt = time.time()\nwhile time.time() - t < {}: pass"
     neighbour = subprocess.Popen([sys.executable, "-c", spin.format(3.0)])

@@ -255,7 +255,7 @@ def test_a_cache_folder_that_is_another_folder_on_each_node_is_refused_in_one_se
         return subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
              "--node-rank", str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-             "--rdzv-id", "compress-test", "--log-dir", str(tmp_path / f"elastic{rank}"), "-m", "compress",
+             "--rdzv-id", f"compress-{tmp_path.name}", "--log-dir", str(tmp_path / f"elastic{rank}"), "-m", "compress",
              *map(str, run_args(root, tmp_path / "run", "--set", "data.cache_dir=pixels", "--set",
                                 "train.threads=1"))],
             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -5,6 +5,7 @@ manifest that lies refused in one sentence - each found by trying the tool as a 
 
 import json
 import os
+import signal
 import socket
 import subprocess
 
@@ -122,7 +123,11 @@ def test_two_runs_at_once_one_waits_out(run_copy):
     while not _held_by(run_copy, first.pid) and time.time() < deadline and first.poll() is None:
         time.sleep(0.01)
     assert _held_by(run_copy, first.pid), "the first run never took the lock"
-    second = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    os.kill(first.pid, signal.SIGSTOP)  # held while the second starts, however slowly this machine imports torch
+    try:
+        second = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     out = first.communicate(timeout=300)[1]
     assert (first.returncode, second.returncode) == (0, 2), (out, second.stderr)
     assert f"another compress run (pid {first.pid}" in second.stderr

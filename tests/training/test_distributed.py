@@ -175,7 +175,7 @@ def test_two_nodes_on_one_machine_train_as_one_group(tiny_config, tmp_path):
         return subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
              "--node-rank", str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-             "--rdzv-id", "compress-test", "--log-dir", str(tmp_path / f"elastic{rank}"), "-m", "compress",
+             "--rdzv-id", f"compress-{tmp_path.name}", "--log-dir", str(tmp_path / f"elastic{rank}"), "-m", "compress",
              "run", "-c", tiny_config, "--run-dir", str(run),
              "--stages", "teacher,distill", "--set", "teacher.epochs=1", "--set", "distill.epochs=1",
              # two "nodes" share this machine's cores: one thread each, as each would have its own cores
