@@ -142,7 +142,7 @@ def _rebuild_int8(ctx, model_name, data):
     path = ctx.input_path("qat", "model")
     tensors, meta = read_weights(path, expect_stage="qat", expect_model=model_name,
                                  expect_sha256=ctx.input_sha256("qat", "model"))
-    q = meta["qconfig"]
+    q = fx.read_qconfig(meta.get("qconfig"), path)
     example = data.example()
     model = fx.rebuild_int8(build_model(model_name, data.input_shape, data.num_classes), tensors, example, q, path)
     return model, q

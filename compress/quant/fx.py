@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from compress.errors import InputError
+from compress.errors import CheckpointError, InputError
 
 # The two warnings torch 2.14's FX quantization emits on every call; filtered only around those calls.
 _KNOWN_WARNINGS = (
@@ -75,6 +75,30 @@ def describe_qconfig(qcfg, float_layers=()):
     """What export needs to rebuild the same prepared model (stored in qat.safetensors' metadata)."""
     return {"backend": qcfg.backend, "activation_range": qcfg.activation_range, "per_channel": qcfg.per_channel,
             "float_layers": list(float_layers)}
+
+
+BACKENDS, ACTIVATION_RANGES = ("x86", "qnnpack"), ("full", "reduced")  # qat.backend's and qat.activation_range's
+
+
+def read_qconfig(value, path):
+    """`describe_qconfig`'s record as read back from a file's metadata, checked: a record that is not one (a file
+    edited by hand, or written by something else) is one CheckpointError naming the file."""
+    problem = None
+    if not isinstance(value, dict):
+        problem = "is not a JSON object"
+    elif value.get("backend") not in BACKENDS:
+        problem = f"has backend {value.get('backend')!r}, not one of {', '.join(BACKENDS)}"
+    elif value.get("activation_range") not in ACTIVATION_RANGES:
+        problem = f"has activation_range {value.get('activation_range')!r}, not one of {', '.join(ACTIVATION_RANGES)}"
+    elif not isinstance(value.get("per_channel"), bool):
+        problem = "has no per_channel true or false"
+    elif not (isinstance(value.get("float_layers", []), list)
+              and all(isinstance(x, str) for x in value.get("float_layers", []))):
+        problem = "has float_layers that are not a list of layer names"
+    if problem:
+        raise CheckpointError(f"'{path}' metadata 'qconfig' {problem} (the file was not written by the qat stage as "
+                              "it is); rerun the qat stage with --force")
+    return value
 
 
 def set_engine(backend, activation_range="full"):

@@ -84,3 +84,23 @@ def test_torch_int8_matches_exact_arithmetic_on_a_wide_depthwise_convolution():
         exact = F.conv2d(seen["x"].dequantize(), depthwise.weight().dequantize(), depthwise.bias(), 1, 1, 1, channels)
     expected = torch.quantize_per_tensor(exact, depthwise.scale, depthwise.zero_point, torch.quint8).int_repr().int()
     assert (seen["out"].int_repr().int() - expected).abs().max().item() <= 1, torch.backends.quantized.engine
+
+
+def test_the_qconfig_record_read_back_is_checked_and_names_the_qat_configs_choices():
+    """read_qconfig accepts describe_qconfig's record and refuses anything else in one CheckpointError; its
+    choices are qat.backend's and qat.activation_range's."""
+    import typing
+
+    from compress.errors import CheckpointError
+    from compress.run.config import QATConfig
+
+    hints = typing.get_type_hints(QATConfig)
+    assert quant.BACKENDS == typing.get_args(hints["backend"])
+    assert quant.ACTIVATION_RANGES == typing.get_args(hints["activation_range"])
+    good = {"backend": "qnnpack", "activation_range": "reduced", "per_channel": False, "float_layers": ["fc"]}
+    assert quant.read_qconfig(good, "q.safetensors") == good
+    for bad, words in [("{", "is not a JSON object"), ({**good, "per_channel": "yes"}, "has no per_channel"),
+                       ({**good, "float_layers": "fc"}, "has float_layers that are not a list"),
+                       ({**good, "float_layers": [1]}, "has float_layers that are not a list")]:
+        with pytest.raises(CheckpointError, match=f"'q.safetensors' metadata 'qconfig' {words}"):
+            quant.read_qconfig(bad, "q.safetensors")

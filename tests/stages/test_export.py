@@ -176,3 +176,32 @@ def test_ctrl_c_during_export_stops_it_with_exit_130(run_copy):
         path = run_copy / "export" / name
         if path.exists():
             onnx.checker.check_model(onnx.load(path))
+
+
+@pytest.mark.parametrize("qconfig, problem", [
+    ("{{{", "is not a JSON object"),
+    ('{"backend": "nosuch", "activation_range": "full", "per_channel": true}', "has backend 'nosuch', not one of"),
+    ('{"backend": "x86", "per_channel": true}', "has activation_range None, not one of full, reduced"),
+])
+def test_a_qat_file_whose_qconfig_was_edited_with_its_manifest_hash_is_one_sentence(run_copy, qconfig, problem):
+    """qat.safetensors rewritten with a qconfig that is not the qat stage's record, its sha256 updated in
+    manifest.json so that it reads as the stage's own output: export refuses it in one sentence naming the file
+    (it was an unexpected KeyError/TypeError), and the files an earlier export wrote stay."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from compress.fileio import sha256_file
+
+    path = run_copy / "qat" / "qat.safetensors"
+    with safe_open(str(path), "pt") as f:
+        metadata = dict(f.metadata())
+    save_file(load_file(str(path)), str(path), metadata={**metadata, "qconfig": qconfig})
+    manifest = json.loads((run_copy / "manifest.json").read_text())
+    manifest["stages"]["qat"]["outputs"]["qat/qat.safetensors"] = sha256_file(path)
+    (run_copy / "manifest.json").write_text(json.dumps(manifest))
+    before = (run_copy / "export" / "model.int8.onnx").read_bytes()
+    result = invoke("run", "--run-dir", run_copy, "--stages", "export")
+    assert result.exit_code == 2, result.output
+    assert f"error: '{path}' metadata 'qconfig' {problem}" in result.stderr, result.stderr
+    assert "rerun the qat stage with --force" in result.stderr and "unexpected" not in result.stderr
+    assert (run_copy / "export" / "model.int8.onnx").read_bytes() == before
