@@ -274,5 +274,5 @@ def _refuse_other_classes(path, trained_on, classes, stage):
 
 def classes_text(names, most=6):
     """'3 classes (cat, dog, ship)', the first `most` names when there are more."""
-    shown = ", ".join(names[:most]) + (f", ... {len(names) - most} more" if len(names) > most else "")
+    shown = ", ".join(map(str, names[:most])) + (f", ... {len(names) - most} more" if len(names) > most else "")
     return f"{len(names)} classes ({shown})"
