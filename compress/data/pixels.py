@@ -240,7 +240,8 @@ class PixelCache:
             sums = json.loads(meta.get("sha256", "{}"))
         except (OSError, ValueError, SafetensorError, RuntimeError):
             return False
-        if meta.get("cache") != self.spec.key or meta.get("chunk") != str(c) or set(sums) != {"pixels", "shapes"}:
+        if meta.get("cache") != self.spec.key or meta.get("chunk") != str(c) or not isinstance(sums, dict) \
+                or set(sums) != {"pixels", "shapes"}:
             return False
         return (all(tensor_sha256(t) == sums[k] for k, t in tensors.items())
                 and self._shapes_ok(c, tensors["shapes"], tensors["pixels"]))

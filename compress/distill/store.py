@@ -288,7 +288,8 @@ class TeacherOutputStore:
             sums = json.loads(meta.get("sha256", "{}"))
         except (OSError, ValueError, SafetensorError, RuntimeError, InputError):
             return BYTES
-        if meta.get("store") != self.spec.key or meta.get("chunk") != str(c) or set(sums) != set(tensors):
+        if meta.get("store") != self.spec.key or meta.get("chunk") != str(c) or not isinstance(sums, dict) \
+                or set(sums) != set(tensors):
             return BYTES
         if not all(_sha256(t) == sums[name] for name, t in tensors.items()):
             return BYTES

@@ -347,3 +347,29 @@ def test_a_chunk_whose_recorded_shapes_cannot_be_the_rules_is_decoded_again(tmp_
     again = cached_set(files, place, keep_original)
     assert "1 damaged chunk(s) (chunk-000000.safetensors, ...) decoded again" in again.how
     assert all(torch.equal(again.source(i), good[i]) for i in range(3))
+
+
+@pytest.mark.parametrize("header", ["7", "null"])
+def test_a_chunk_whose_header_hashes_are_not_a_mapping_is_decoded_again(tmp_path, header):
+    """A chunk whose header's 'sha256' is JSON but not a mapping, with the digest pixels.json records made to match
+    it, is decoded again (it was an unexpected TypeError)."""
+    import hashlib
+
+    from safetensors.torch import load
+
+    from compress.training.checkpoint import serialize
+
+    files = photos(tmp_path / "img", [(50, 70)] * 3)
+    place = pixels.Place(str(tmp_path / "cache"), DistEnv())
+    good = cached_set(files, place).source(0).clone()
+    chunk = chunk_of(tmp_path / "cache")
+    tensors = load(open(chunk, "rb").read())
+    with open(chunk, "rb") as f:
+        meta = json.loads(f.read(int.from_bytes(f.read(8), "little")))["__metadata__"]
+    open(chunk, "wb").write(serialize(tensors, {**meta, "sha256": header}))
+    index = os.path.join(os.path.dirname(chunk), "pixels.json")
+    recorded = json.loads(open(index).read())
+    recorded["chunks"] = {name: hashlib.sha256(open(chunk, "rb").read()).hexdigest() for name in recorded["chunks"]}
+    open(index, "w").write(json.dumps(recorded))
+    again = cached_set(files, place)
+    assert "damaged chunk(s)" in again.how and torch.equal(again.source(0), good)

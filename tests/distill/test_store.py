@@ -370,9 +370,10 @@ def test_stored_views_are_the_teacher_outputs_of_the_very_pixels_the_student_see
             assert torch.allclose(stored[key], live[key].float(), atol=2e-2, rtol=1e-2), key
 
 
-def forge_layout(folder, name, change):
-    """Rewrite chunk `name` with `change` applied to its tensors, its header's hashes and the digest store.json
-    records for it both made to match: only the tensors' names, shapes or dtypes give it away."""
+def forge_layout(folder, name, change, header=None):
+    """Rewrite chunk `name` with `change` applied to its tensors, its header's hashes (or `header`'s text) and
+    the digest store.json records for it both made to match: only the tensors' names, shapes or dtypes (or the
+    header) give it away."""
     from safetensors.torch import load
 
     from compress.training.checkpoint import serialize, tensor_sha256
@@ -381,7 +382,7 @@ def forge_layout(folder, name, change):
     tensors = load(data)
     meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
     tensors = {k: v.contiguous() for k, v in change(tensors).items()}
-    meta["sha256"] = json.dumps({k: tensor_sha256(v) for k, v in tensors.items()}, sort_keys=True)
+    meta["sha256"] = header or json.dumps({k: tensor_sha256(v) for k, v in tensors.items()}, sort_keys=True)
     (folder / name).write_bytes(serialize(tensors, meta))
     index = json.loads((folder / "store.json").read_text())
     index["chunks"][name] = hashlib.sha256((folder / name).read_bytes()).hexdigest()
@@ -410,4 +411,17 @@ def test_a_chunk_whose_tensors_are_not_the_specs_is_rebuilt_even_with_every_dige
     assert plan["status"] == "rebuild" and plan["missing"] == [4]
     assert plan["reason"] == ("1 damaged chunk(s) (chunk-000004.safetensors, ...) rebuilt: their tensors are not "
                               "the names, shapes and dtypes this store holds")
+    assert read_chunks(folder) == good
+
+
+@pytest.mark.parametrize("header", ['["values", "indices"]', "7", "null"])
+def test_a_chunk_whose_header_hashes_are_not_a_mapping_is_rebuilt(tmp_path, digits, header):
+    """A chunk whose header's 'sha256' is JSON but not a mapping of tensor names, with store.json's digest made to
+    match, is rebuilt (it was an unexpected TypeError)."""
+    folder = tmp_path / "store"
+    build(folder, digits)
+    good = read_chunks(folder)
+    forge_layout(folder, "chunk-000004.safetensors", lambda t: t, header=header)
+    _, plan, _ = build(folder, digits)
+    assert plan["status"] == "rebuild" and plan["missing"] == [4], plan
     assert read_chunks(folder) == good
