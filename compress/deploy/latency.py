@@ -39,11 +39,19 @@ def timing_input(path, batch, seed=0):
     if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(v, int) and v > 0 for v in shape)):
         shape = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim[1:]]
     pixels = np.random.default_rng(seed).integers(0, 256, (batch, *shape)).astype(np.float32) / 255.0
-    mean, std = meta.get("mean"), meta.get("std")
-    if isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == shape[0] and min(std) > 0:
+    mean, std = _numbers(meta.get("mean"), shape[0]), _numbers(meta.get("std"), shape[0])
+    if mean and std and min(std) > 0:
         view = (1, shape[0]) + (1,) * (len(shape) - 1)
         pixels = (pixels - np.array(mean, np.float32).reshape(view)) / np.array(std, np.float32).reshape(view)
     return pixels
+
+
+def _numbers(value, count):
+    """`value` if it is a list of `count` finite numbers (a file's own metadata: anything else is not used)."""
+    if isinstance(value, list) and len(value) == count and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in value):
+        return value
+    return None
 
 
 def latency_tables(paths, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime=FIRST,

@@ -181,3 +181,15 @@ def test_evals_json_top5_is_null_at_5_classes_or_fewer(tmp_path, images):
     few = json.loads(invoke("eval", classifier(tmp_path / "three.onnx", classes=3), tree, "--json").stdout)
     ten = json.loads(invoke("eval", classifier(tmp_path / "ten.onnx"), tree, "--json").stdout)
     assert few["top5"] is None and isinstance(ten["top5"], float)
+
+
+@pytest.mark.parametrize("key", ["mean", "std"])
+def test_bench_times_a_file_whose_normalisation_is_not_numbers_on_plain_pixels(tmp_path, images, key):
+    """bench only needs inputs of the file's shape: a compress.mean/std of one string per channel is not used (it was
+    an unexpected TypeError/ValueError); predict and eval, which need it, refuse it in one sentence."""
+    path = classifier(tmp_path / "m.onnx", meta={key: '["a"]'})
+    result = invoke("bench", path, *BENCH)
+    assert result.exit_code == 0, result.output
+    assert "unexpected" not in result.output
+    refused(invoke("predict", path, images[0][0]), f"metadata compress.{key} must hold 1 finite number(s), one per "
+                                                   "channel; got ['a']; re-export the model")
