@@ -822,6 +822,53 @@ def deep_checkpoint_state(w):
     return ["show", run_dir]
 
 
+def _forged_metadata(w, name, rel, key, value):
+    """A copy of the base run whose `rel` weights file has metadata `key` set to `value`, its sha256 updated in
+    manifest.json so that it reads as the stage's own output."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from compress.fileio import sha256_file
+
+    run_dir = copy_run(w, name)
+    path = os.path.join(run_dir, rel)
+    with safe_open(path, "pt") as f:
+        meta = dict(f.metadata())
+    save_file(load_file(path), path, metadata={**meta, key: value})
+    stage = rel.split("/")[0]
+    edit_json(os.path.join(run_dir, "manifest.json"), lambda d: {**d, "stages": {**d["stages"], stage: {
+        **d["stages"][stage], "outputs": {**d["stages"][stage]["outputs"], rel: sha256_file(path)}}}})
+    return run_dir
+
+
+@case("one sentence", "qat.safetensors' qconfig metadata edited (`{{{`), its manifest hash updated: the export stage "
+      "(unexpected TypeError)", "metadata 'qconfig'", 2, "tests/stages/test_export.py")
+def forged_qconfig(w):
+    return ["run", "--run-dir", _forged_metadata(w, "r_forged_qconfig", "qat/qat.safetensors", "qconfig", "{{{"),
+            "--stages", "export"]
+
+
+@case("one sentence", "distill/model.safetensors' class_names `[1, 2]`, its manifest hash updated: the export stage "
+      "(unexpected TypeError)", "was trained on 2 classes (1, 2)", 2, "tests/run/test_context.py")
+def forged_class_names(w):
+    return ["run", "--run-dir", _forged_metadata(w, "r_forged_classes", "distill/model.safetensors", "class_names",
+                                                 "[1, 2]"), "--stages", "export"]
+
+
+@case("one sentence", "an ONNX compress.std of `[\"a\"]`: `compress bench` (unexpected TypeError)", "ms", 0,
+      "tests/deploy/test_hostile_onnx.py")
+def onnx_std_strings(w):
+    import onnx
+
+    model = onnx.load(os.path.join(w, "base", "export", "model.int8.onnx"))
+    for prop in model.metadata_props:
+        if prop.key == "compress.std":
+            prop.value = '["a"]'
+    path = os.path.join(w, "std_strings.onnx")
+    onnx.save(model, path)
+    return ["bench", path, "--threads", "1", "--repeats", "2"]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="/tmp/hostile", help="scratch folder (emptied first)")
