@@ -311,6 +311,12 @@ CASES = {
     "manifest: malformed metrics": (
         lambda r, t: edit_manifest(r, lambda m: m["stages"]["qat"].__setitem__("metrics", [1, 2])),
         lambda r, t: ["show", r], "stage 'qat' has a malformed \"metrics\""),
+    "manifest: negative seconds": (
+        lambda r, t: edit_manifest(r, lambda m: m["stages"]["teacher"].__setitem__("seconds", -5)),
+        lambda r, t: ["show", r], "stage 'teacher' has \"seconds\" -5, which no run takes"),
+    "manifest: no processes": (
+        lambda r, t: edit_manifest(r, lambda m: m["stages"]["qat"].__setitem__("world_size", 0)),
+        lambda r, t: ["show", r], "stage 'qat' has \"world_size\" 0, where a run has at least 1 process"),
     "manifest: a pipe that never ends": (
         lambda r, t: ((r / "manifest.json").unlink(), os.mkfifo(r / "manifest.json")),
         lambda r, t: ["run", "--run-dir", r, "--stages", "teacher"],

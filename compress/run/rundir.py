@@ -14,6 +14,7 @@ import datetime
 import errno
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
@@ -179,6 +180,11 @@ def manifest_problem(data):
                            ("seconds", (int, float)), ("world_size", int), ("message", str)):
             if entry.get(key) is not None and (not isinstance(entry[key], types) or isinstance(entry[key], bool)):
                 return f"stage '{name}' has a malformed \"{key}\""
+        seconds, world = entry.get("seconds"), entry.get("world_size")
+        if seconds is not None and not 0 <= seconds < math.inf:
+            return f"stage '{name}' has \"seconds\" {seconds}, which no run takes"
+        if world is not None and world < 1:
+            return f"stage '{name}' has \"world_size\" {world}, where a run has at least 1 process"
         if entry.get("status") == "complete" and not isinstance(entry.get("metrics"), dict):
             return f"stage '{name}' is complete but has no metrics"
         for key, value in (entry.get("metrics") or {}).items():
