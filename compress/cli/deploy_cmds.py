@@ -90,34 +90,32 @@ def _warn_if_training_images(model, root, samples=()):
     from compress.deploy.evaluate import run_of
     from compress.deploy.folders import split_folders
     from compress.errors import CompressError
-    from compress.run.config import read_yaml
+    from compress.run.config import load_config
 
     run = run_of(model) if os.path.isdir(model) else os.path.dirname(os.path.dirname(os.path.abspath(model)))
     try:
-        data = (read_yaml(os.path.join(run, "config.yaml"), follow_links=False) or {}).get("data") or {}
-    except (CompressError, OSError, AttributeError):
+        data = load_config(os.path.join(run, "config.yaml"), follow_links=False, run_config=True).data
+    except (CompressError, OSError):  # no run beside the model, or not one this version reads: nothing to say
         return
-    if data.get("name") != "imagefolder" or not data.get("root"):
+    if data.name != "imagefolder" or not data.root:
         return
-    trained = os.path.expanduser(str(data["root"]))
+    trained = os.path.expanduser(str(data.root))
     train, held_out = split_folders(trained)
     trained = train if train and held_out else (train or trained)
     if os.path.isdir(trained) and os.path.realpath(root) == os.path.realpath(trained):
         echo(f"warning: '{root}' holds the images this model was trained on (data.root of {run}): the "
                    "accuracy below is not a held-out one; evaluate on images it has not seen", err=True)
     elif samples:
-        _warn_if_copies(run, root, samples)
+        _warn_if_copies(data, root, samples)
 
 
-def _warn_if_copies(run, root, samples):
+def _warn_if_copies(data, root, samples):
     """Say when images of the folder eval scores are byte copies of the run's training images (a folder copied
     from data.root): some evaluated images, or a sample of a large folder, compared by size, then sha256."""
     from compress.data.imagefolder import copies_of_training_images, scan
     from compress.errors import CompressError
-    from compress.run.config import load_config
 
     try:
-        data = load_config(os.path.join(run, "config.yaml"), follow_links=False, run_config=True).data
         looked, copies = copies_of_training_images(scan(data)["train"], samples)
     except (CompressError, OSError):  # the training images are gone or changed: nothing to compare with
         return
