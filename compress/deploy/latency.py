@@ -10,7 +10,7 @@ import logging
 import numpy as np
 
 from compress.cpus import usable_cpus
-from compress.deploy.onnx_model import batch_of, fixed_batch_error, metadata_of, read_onnx
+from compress.deploy.onnx_model import batch_of, fixed_batch_error, metadata_of, read_onnx, refuse_control_flow
 from compress.deploy.runtimes import FIRST, RUNTIMES
 from compress.deploy.timing import LONGER_ROUNDS, ROUNDS, Protocol, compare_latency, median_ms, speedup_text
 
@@ -60,7 +60,9 @@ def latency_tables(paths, batch_sizes=(1, 64), threads=None, repeats=30, warmup=
     timed in it in turns (interleaved rounds, the median of the timed calls: a busy machine slows them alike),
     all on the first file's timing_input; `stop()` is called between cells and rounds (it raises to abandon)."""
     for path in paths.values():  # any runtime: a file it cannot time at these batch sizes, said before any timing
-        fixed = batch_of(path, read_onnx(path))
+        proto = read_onnx(path)
+        refuse_control_flow(path, proto)
+        fixed = batch_of(path, proto)
         if fixed and any(b != fixed for b in batch_sizes):
             sizes = ", ".join(str(b) for b in batch_sizes)
             raise fixed_batch_error(path, fixed, f"it is timed at batch size{'s' if len(batch_sizes) > 1 else ''} "

@@ -98,6 +98,18 @@ def batch_of(path, model_proto):
     return dims[0].dim_value if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0 else None
 
 
+CONTROL_FLOW = ("Loop", "Scan", "If")  # no exported classifier holds one
+
+
+def refuse_control_flow(path, proto):
+    """An InputError for a graph with control flow: a Loop runs for as long as its inputs say, inside one native
+    call that Ctrl-C cannot interrupt, and no classifier compress exports holds one."""
+    loops = sorted({n.op_type for n in proto.graph.node if n.op_type in CONTROL_FLOW})
+    if loops:
+        raise InputError(f"'{path}' holds control flow ({', '.join(loops)}), which no classifier compress exports "
+                         "has; re-export the model with `compress run --stages export`")
+
+
 def fixed_batch_error(path, batch, fed):
     """The InputError for a file that takes a fixed batch of `batch` images, fed batches `fed` (words)."""
     return InputError(f"'{path}' takes a fixed batch of {batch} image{'s' if batch > 1 else ''}, but {fed}; export "
@@ -116,7 +128,6 @@ def metadata_of(model_proto):
     return meta
 
 
-CONTROL_FLOW = ("Loop", "Scan", "If")  # no exported classifier holds one
 SCORE_TYPES = ("tensor(float)", "tensor(float16)", "tensor(double)")
 
 
@@ -158,10 +169,7 @@ class OnnxModel:
     def _check_scores(self, proto):
         """Refuse a file whose graph is not the classifier compress exports - float scores (batch, classes), no
         control flow (a Loop can run for as long as its inputs say) - before an image is read."""
-        loops = sorted({n.op_type for n in proto.graph.node if n.op_type in CONTROL_FLOW})
-        if loops:
-            raise InputError(f"'{self.path}' holds control flow ({', '.join(loops)}), which no classifier compress "
-                             "exports has; re-export the model with `compress run --stages export`")
+        refuse_control_flow(self.path, proto)
         out = self.session.get_outputs()[0]
         if out.type not in SCORE_TYPES or len(out.shape or ()) != 2:
             raise InputError(f"'{self.path}' outputs {printable(str(out.type), 40)} of shape "

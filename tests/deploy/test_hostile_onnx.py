@@ -134,8 +134,9 @@ def _with_tail(source, path, nodes, output, weights=()):
 
 
 def test_a_graph_that_is_not_a_classifier_of_float_scores_is_refused_before_an_image_is_read(tmp_path, images):
-    """Scores of rank 1 or 3, booleans or text, and a Loop (which runs as long as its inputs say) are no file
-    export writes: one sentence each for predict and eval, not 'unexpected AxisError' or a minute's wait."""
+    """Scores of rank 1 or 3, booleans or text, and a Loop (which runs as long as its inputs say, in a native call
+    Ctrl-C cannot stop) are no file export writes: one sentence each for predict and eval (and bench, for the
+    Loop), not 'unexpected AxisError' or a wait without end."""
     paths, tree = images
     base = classifier(tmp_path / "base.onnx")
     one = numpy_helper.from_array(np.array(1, np.int64), "one")
@@ -158,7 +159,8 @@ def test_a_graph_that_is_not_a_classifier_of_float_scores_is_refused_before_an_i
     }
     for name, (nodes, output, weights, words) in cases.items():
         model = _with_tail(base, tmp_path / f"{name}.onnx", nodes, output, weights)
-        for args in (["predict", model, *paths], ["eval", model, tree]):
+        timed = [["bench", model, *BENCH]] if name == "loop" else []  # bench times any graph but a loop
+        for args in (["predict", model, *paths], ["eval", model, tree], *timed):
             refused(invoke(*args), f"'{model}'", words, "re-export the model")
 
 
