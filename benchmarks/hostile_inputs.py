@@ -869,6 +869,13 @@ def onnx_std_strings(w):
     return ["bench", path, "--threads", "1", "--repeats", "2"]
 
 
+@case("hang", "the same Loop file: `compress bench` (ran until killed; Ctrl-C did not stop it)",
+      "holds control flow (Loop)", 2, "tests/deploy/test_hostile_onnx.py")
+def onnx_loop_bench(w):
+    onnx_loop(w)  # writes the same file again
+    return ["bench", os.path.join(w, "loop.onnx"), "--threads", "1", "--repeats", "2"]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="/tmp/hostile", help="scratch folder (emptied first)")
