@@ -91,6 +91,19 @@ def edit_json(path, change):
         json.dump(data, f)
 
 
+def int8_with_metadata(w, name, key, value):
+    """A copy of the base run's int8 ONNX file, w/<name>.onnx, with its compress.<key> metadata set to `value`."""
+    import onnx
+
+    proto = onnx.load(os.path.join(w, "base", "export", "model.int8.onnx"))
+    for prop in proto.metadata_props:
+        if prop.key == f"compress.{key}":
+            prop.value = value
+    path = os.path.join(w, f"{name}.onnx")
+    onnx.save(proto, path)
+    return path
+
+
 # -- hangs -------------------------------------------------------------------------------------------------------
 
 @case("hang", "data.unlabeled holding two links to itself (`ln -s . l1; ln -s . l2`)", "unlabelled", 0,
@@ -281,15 +294,10 @@ def store_views(w):
 @case("one sentence", "an ONNX resize that disagrees with the graph's input: `compress predict`", "compress.resize",
       2, "tests/deploy/test_onnx_model.py")
 def onnx_resize(w):
-    import onnx
-
-    proto = onnx.load(os.path.join(w, "base", "export", "model.int8.onnx"))
-    for prop in proto.metadata_props:
-        if prop.key == "compress.resize":
-            prop.value = json.dumps({"shorter_side": 16, "height": 16, "width": 16, "interpolation": "bilinear",
-                                     "antialias": True, "crop": "center"})
-    onnx.save(proto, os.path.join(w, "resized.onnx"))
-    return ["predict", os.path.join(w, "resized.onnx"), os.path.join(w, "digit.png")]
+    resize = {"shorter_side": 16, "height": 16, "width": 16, "interpolation": "bilinear", "antialias": True,
+              "crop": "center"}
+    path = int8_with_metadata(w, "resized", "resize", json.dumps(resize))
+    return ["predict", path, os.path.join(w, "digit.png")]
 
 
 @case("wrong result", "`--set data=` beside -c photos (every data key, data.root too, back to the defaults)",
@@ -478,16 +486,10 @@ def name_escape(w):
 @case("unsafe", "a class name with a line break in the ONNX metadata: `compress eval`", "b\\nc", 2,
       "tests/deploy/test_evaluate.py")
 def class_name_newline(w):
-    import onnx
-
-    proto = onnx.load(os.path.join(w, "base", "export", "model.int8.onnx"))
-    for prop in proto.metadata_props:
-        if prop.key == "compress.class_names":
-            prop.value = json.dumps(["b\nc"] + [str(i) for i in range(1, 10)])
-    onnx.save(proto, os.path.join(w, "newline.onnx"))
+    path = int8_with_metadata(w, "newline", "class_names", json.dumps(["b\nc"] + [str(i) for i in range(1, 10)]))
     os.makedirs(os.path.join(w, "eval_x", "x"))
     shutil.copy(os.path.join(w, "digit.png"), os.path.join(w, "eval_x", "x", "a.png"))
-    return ["eval", os.path.join(w, "newline.onnx"), os.path.join(w, "eval_x")]
+    return ["eval", path, os.path.join(w, "eval_x")]
 
 
 def _base_weights(w, name, change):
@@ -591,14 +593,7 @@ def gif_class(w):
 
 @case("message", "an ONNX std of 1e-300: `compress predict`", "compress.std", 2, "tests/deploy/test_onnx_model.py")
 def tiny_std(w):
-    import onnx
-
-    proto = onnx.load(os.path.join(w, "base", "export", "model.int8.onnx"))
-    for prop in proto.metadata_props:
-        if prop.key == "compress.std":
-            prop.value = json.dumps([1e-300])
-    onnx.save(proto, os.path.join(w, "tinystd.onnx"))
-    return ["predict", os.path.join(w, "tinystd.onnx"), os.path.join(w, "digit.png")]
+    return ["predict", int8_with_metadata(w, "tinystd", "std", json.dumps([1e-300])), os.path.join(w, "digit.png")]
 
 
 @case("lost", "`qat.float_layers` naming every layer (an int8 file without an int8 layer)", "keeps every layer", 2,
@@ -858,15 +853,7 @@ def forged_class_names(w):
 @case("one sentence", "an ONNX compress.std of `[\"a\"]`: `compress bench` (unexpected TypeError)", "ms", 0,
       "tests/deploy/test_hostile_onnx.py")
 def onnx_std_strings(w):
-    import onnx
-
-    model = onnx.load(os.path.join(w, "base", "export", "model.int8.onnx"))
-    for prop in model.metadata_props:
-        if prop.key == "compress.std":
-            prop.value = '["a"]'
-    path = os.path.join(w, "std_strings.onnx")
-    onnx.save(model, path)
-    return ["bench", path, "--threads", "1", "--repeats", "2"]
+    return ["bench", int8_with_metadata(w, "std_strings", "std", '["a"]'), "--threads", "1", "--repeats", "2"]
 
 
 @case("hang", "the same Loop file: `compress bench` (ran until killed; Ctrl-C did not stop it)",

@@ -10,6 +10,7 @@ import logging
 import numpy as np
 
 from compress.cpus import usable_cpus
+from compress.deploy.imageio import finite_list
 from compress.deploy.onnx_model import batch_of, fixed_batch_error, metadata_of, read_onnx, refuse_control_flow
 from compress.deploy.runtimes import FIRST, RUNTIMES
 from compress.deploy.timing import LONGER_ROUNDS, ROUNDS, Protocol, compare_latency, median_ms, speedup_text
@@ -39,19 +40,11 @@ def timing_input(path, batch, seed=0):
     if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(v, int) and v > 0 for v in shape)):
         shape = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim[1:]]
     pixels = np.random.default_rng(seed).integers(0, 256, (batch, *shape)).astype(np.float32) / 255.0
-    mean, std = _numbers(meta.get("mean"), shape[0]), _numbers(meta.get("std"), shape[0])
-    if mean and std and min(std) > 0:
+    mean, std = meta.get("mean"), meta.get("std")
+    if finite_list(mean) and finite_list(std) and len(mean) == len(std) == shape[0] and min(std) > 0:
         view = (1, shape[0]) + (1,) * (len(shape) - 1)
         pixels = (pixels - np.array(mean, np.float32).reshape(view)) / np.array(std, np.float32).reshape(view)
     return pixels
-
-
-def _numbers(value, count):
-    """`value` if it is a list of `count` finite numbers (a file's own metadata: anything else is not used)."""
-    if isinstance(value, list) and len(value) == count and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in value):
-        return value
-    return None
 
 
 def latency_tables(paths, batch_sizes=(1, 64), threads=None, repeats=30, warmup=5, stop=None, runtime=FIRST,

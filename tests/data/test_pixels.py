@@ -82,6 +82,14 @@ def chunk_of(cache_root):
     return os.path.join(folder, "chunk-000000.safetensors")
 
 
+def chunk_contents(chunk):
+    """(tensors, header metadata) of a chunk file, as a forger would read them."""
+    from safetensors.torch import load
+
+    data = open(chunk, "rb").read()
+    return load(data), json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+
+
 def test_a_damaged_chunk_is_decoded_again_never_used(tmp_path):
     files = photos(tmp_path / "img", [(50, 70)] * 3)
     place = pixels.Place(str(tmp_path / "cache"), DistEnv())
@@ -125,17 +133,13 @@ def test_a_forged_chunk_with_its_own_hashes_rewritten_is_found_by_the_recorded_d
     """A chunk rewritten with other pixels and its header's hashes updated to match checks itself fine; the
     digest pixels.json recorded when the chunk was written does not match it. A chunk pixels.json does not
     record at all (the build that wrote it was stopped before recording it) is not trusted either."""
-    from safetensors.torch import load
-
     from compress.training.checkpoint import serialize, tensor_sha256
 
     files = photos(tmp_path / "img", [(50, 70)] * 3)
     place = pixels.Place(str(tmp_path / "cache"), DistEnv())
     good = cached_set(files, place).source(0).clone()
     chunk = chunk_of(tmp_path / "cache")
-    tensors = load(open(chunk, "rb").read())
-    with open(chunk, "rb") as f:
-        meta = json.loads(f.read(int.from_bytes(f.read(8), "little")))["__metadata__"]
+    tensors, meta = chunk_contents(chunk)
     tensors["pixels"] = torch.zeros_like(tensors["pixels"])
     meta["sha256"] = json.dumps({k: tensor_sha256(v) for k, v in tensors.items()}, sort_keys=True)
     open(chunk, "wb").write(serialize(tensors, meta))
@@ -325,17 +329,13 @@ def test_a_chunk_whose_recorded_shapes_cannot_be_the_rules_is_decoded_again(tmp_
     gives (the rule's size, or a shorter side of at most the one kept) - so a chunk whose shapes were changed,
     with the bytes they add up to, its header's hashes and pixels.json's digest all made to match, is decoded
     again, never read as pixels of other shapes."""
-    from safetensors.torch import load
-
     from compress.training.checkpoint import serialize, tensor_sha256
 
     files = photos(tmp_path / "img", [(300, 200)] * 3)
     place = pixels.Place(str(tmp_path / "cache"), DistEnv())
     good = [cached_set(files, place, keep_original).source(i).clone() for i in range(3)]
     chunk = chunk_of(tmp_path / "cache")
-    data = open(chunk, "rb").read()
-    tensors = load(data)
-    meta = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    tensors, meta = chunk_contents(chunk)
     tensors["shapes"][:len(forged)] = torch.tensor(forged, dtype=torch.int32)
     assert int(tensors["shapes"].long().prod(1).sum()) == tensors["pixels"].numel()
     meta["sha256"] = json.dumps({k: tensor_sha256(v) for k, v in tensors.items()}, sort_keys=True)
@@ -355,17 +355,13 @@ def test_a_chunk_whose_header_hashes_are_not_a_mapping_is_decoded_again(tmp_path
     it, is decoded again (it was an unexpected TypeError)."""
     import hashlib
 
-    from safetensors.torch import load
-
     from compress.training.checkpoint import serialize
 
     files = photos(tmp_path / "img", [(50, 70)] * 3)
     place = pixels.Place(str(tmp_path / "cache"), DistEnv())
     good = cached_set(files, place).source(0).clone()
     chunk = chunk_of(tmp_path / "cache")
-    tensors = load(open(chunk, "rb").read())
-    with open(chunk, "rb") as f:
-        meta = json.loads(f.read(int.from_bytes(f.read(8), "little")))["__metadata__"]
+    tensors, meta = chunk_contents(chunk)
     open(chunk, "wb").write(serialize(tensors, {**meta, "sha256": header}))
     index = os.path.join(os.path.dirname(chunk), "pixels.json")
     recorded = json.loads(open(index).read())

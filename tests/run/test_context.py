@@ -51,19 +51,9 @@ def test_a_tensorboard_folder_removed_under_a_run_stops_the_scalars_not_the_trai
 def test_a_weights_file_whose_class_names_are_not_names_is_refused_in_one_sentence(run_copy):
     """distill/model.safetensors rewritten with class_names [1, 2] and its sha256 updated in manifest.json: the
     stage that loads it refuses it in one sentence naming the file (it was an unexpected TypeError)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
+    from conftest import forge_metadata, invoke
 
-    from compress.fileio import sha256_file
-    from conftest import invoke
-
-    path = run_copy / "distill" / "model.safetensors"
-    with safe_open(str(path), "pt") as f:
-        metadata = dict(f.metadata())
-    save_file(load_file(str(path)), str(path), metadata={**metadata, "class_names": "[1, 2]"})
-    manifest = json.loads((run_copy / "manifest.json").read_text())
-    manifest["stages"]["distill"]["outputs"]["distill/model.safetensors"] = sha256_file(path)
-    (run_copy / "manifest.json").write_text(json.dumps(manifest))
+    path = forge_metadata(run_copy, "distill/model.safetensors", "class_names", "[1, 2]")
     result = invoke("run", "--run-dir", run_copy, "--stages", "export")
     assert result.exit_code == 2, result.output
     assert f"error: '{path}' was trained on 2 classes (1, 2), but the data now has 10 classes (" in result.stderr

@@ -15,7 +15,7 @@ from PIL import Image
 
 from compress.cpus import usable_cpus
 from compress.deploy.onnx_model import metadata_of, optimized_op_types
-from conftest import invoke
+from conftest import forge_metadata, invoke
 
 pytestmark = pytest.mark.e2e
 
@@ -187,18 +187,7 @@ def test_a_qat_file_whose_qconfig_was_edited_with_its_manifest_hash_is_one_sente
     """qat.safetensors rewritten with a qconfig that is not the qat stage's record, its sha256 updated in
     manifest.json so that it reads as the stage's own output: export refuses it in one sentence naming the file
     (it was an unexpected KeyError/TypeError), and the files an earlier export wrote stay."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
-
-    from compress.fileio import sha256_file
-
-    path = run_copy / "qat" / "qat.safetensors"
-    with safe_open(str(path), "pt") as f:
-        metadata = dict(f.metadata())
-    save_file(load_file(str(path)), str(path), metadata={**metadata, "qconfig": qconfig})
-    manifest = json.loads((run_copy / "manifest.json").read_text())
-    manifest["stages"]["qat"]["outputs"]["qat/qat.safetensors"] = sha256_file(path)
-    (run_copy / "manifest.json").write_text(json.dumps(manifest))
+    path = forge_metadata(run_copy, "qat/qat.safetensors", "qconfig", qconfig)
     before = (run_copy / "export" / "model.int8.onnx").read_bytes()
     result = invoke("run", "--run-dir", run_copy, "--stages", "export")
     assert result.exit_code == 2, result.output
