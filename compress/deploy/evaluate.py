@@ -155,7 +155,7 @@ def predict_files(model, paths, top_k=3, chunk=64):
                 yield path, None, errors[path]
                 continue
             p = next(probs)
-            order = np.argsort(-p)[:top_k]
+            order = np.argsort(-p, kind="stable")[:top_k]  # ties: the lower class index first, as argmax (eval)
             yield path, [(names[i], float(p[i])) for i in order], None
 
 
@@ -271,7 +271,7 @@ def evaluate_tree(model, samples, chunk=256):
             continue
         logits = _finite(model, model.scores(np.stack(batch)))
         picked = logits.argmax(1)
-        best5 = np.argsort(-logits, axis=1)[:, :5]
+        best5 = np.argsort(-logits, axis=1, kind="stable")[:, :5]
         for label, pick, five in zip(labels, picked, best5):
             confusion[label, pick] += 1
             top5 += int(label in five)

@@ -17,15 +17,17 @@ META = {"class_names": [str(i) for i in range(10)], "input_shape": [1, 8, 8], "c
 BENCH = ("--threads", "1", "--repeats", "2", "--warmup", "0")
 
 
-def classifier(path, batch="N", extra_input=False, bias=0.0, reshape=64, meta=None, classes=10):
+def classifier(path, batch="N", extra_input=False, bias=0.0, reshape=64, meta=None, classes=10, weight=None):
     """An 8x8 grayscale, 10-class ONNX file: reshape to (-1, `reshape`), back to (-1, 64), a MatMul and a bias of
     `bias` (NaN or inf for non-finite scores); a `reshape` that does not divide 64 fails in onnxruntime only when
-    run. `batch` is the inputs' first dimension, `meta` replaces compress.* values (raw strings)."""
+    run. `batch` is the inputs' first dimension, `meta` replaces compress.* values (raw strings); `weight` replaces
+    the random MatMul weights (zeros and a `bias` array: the same scores for every image)."""
     x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 1, 8, 8])
     inputs = [x] + ([helper.make_tensor_value_info("extra", TensorProto.FLOAT, [batch, 3])] if extra_input else [])
     weights = [numpy_helper.from_array(np.array([-1, reshape], np.int64), "to"),
                numpy_helper.from_array(np.array([-1, 64], np.int64), "back"),
-               numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, classes)).astype(np.float32), "w"),
+               numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, classes)).astype(np.float32)
+                                      if weight is None else np.full((64, classes), weight, np.float32), "w"),
                numpy_helper.from_array(np.full((classes,), bias, np.float32), "b")]
     nodes = [helper.make_node("Reshape", ["input", "to"], ["r"]), helper.make_node("Reshape", ["r", "back"], ["flat"]),
              helper.make_node("MatMul", ["flat", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["logits"])]
@@ -195,3 +197,21 @@ def test_bench_times_a_file_whose_normalisation_is_not_numbers_on_plain_pixels(t
     assert "unexpected" not in result.output
     refused(invoke("predict", path, images[0][0]), f"metadata compress.{key} must hold 1 finite number(s), one per "
                                                    "channel; got ['a']; re-export the model")
+
+
+def test_predict_and_eval_break_a_tie_for_top_1_alike(tmp_path):
+    """An int8 file's class scores come in steps, so two classes can tie exactly; predict's first class is the
+    one eval counts (the lower class index, as argmax takes), never the other one. numpy's default sort put
+    class 7 first for these scores."""
+    bias = np.array([0.35, 0.90, 0.09, -0.74, -0.92, 1.90, 0.22, 1.90, -0.21, -0.16], np.float32)  # 5 and 7 tie
+    model = classifier(tmp_path / "tied.onnx", weight=0.0, bias=bias)
+    image = tmp_path / "val" / "5" / "a.png"
+    image.parent.mkdir(parents=True)
+    Image.new("L", (8, 8), 90).save(image)
+    result = invoke("predict", model, image, "--top-k", "3", "--json")
+    assert result.exit_code == 0, result.output
+    top = json.loads(result.stdout)[0]["top"]
+    assert [t["class"] for t in top] == ["5", "7", "1"], top
+    evaluated = invoke("eval", model, tmp_path / "val", "--json")
+    assert evaluated.exit_code == 0, evaluated.output
+    assert json.loads(evaluated.stdout)["per_class"]["5"][0] == 100.0  # (accuracy, images): eval picked class 5
