@@ -78,7 +78,7 @@ def run(ctx):
     student, teacher = build_pair(cfg, data, teacher_model)  # shapes probed on the CPU, then moved
     for model in (student, teacher.model):
         model.to(env.device)
-    precision = ctx.precision([student, teacher.model], data.train.batch([0]).x)
+    precision = ctx.precision([student, teacher.model], data.train.batch([0]).x, trained=[student])
     loader, val = ctx.loaders(train_set, data.val, d.batch_size, "distill.batch_size")
     store, plan = plan_store(ctx.run.path(STORE_FOLDER), env, d, ctx.input_sha256("teacher", "model"),
                              cfg.model.teacher, teacher, train_set, data.num_classes, precision,

@@ -129,12 +129,14 @@ class StageContext:
         """DataLoader worker processes per training process (train.num_workers, or its default here)."""
         return loader_workers(self.cfg.train.num_workers, self.env.device.type, self.env.local_world)[0]
 
-    def precision(self, models, example, training=True, fixed=None):
-        """The training precision train.precision asks for on this hardware and for these models (or `fixed`, a
-        stage's own, with its reason), said once in the log with the threads and workers ('trains in', or
-        'evaluates in' for a stage that only evaluates: `training` False), with the models placed in its memory
+    def precision(self, models, example, training=True, fixed=None, trained=None):
+        """The training precision train.precision asks for on this hardware and for the models `trained` (default:
+        all of `models`; distill's teacher only runs forward, so the student's layers decide), or `fixed`, a
+        stage's own, with its reason; said once in the log with the threads and workers ('trains in', or
+        'evaluates in' for a stage that only evaluates: `training` False), with all `models` placed in its memory
         layout (`example`: one input batch)."""
-        precision = fixed or Precision.for_run(self.cfg.train.precision, self.env.device, models, example)
+        precision = fixed or Precision.for_run(self.cfg.train.precision, self.env.device,
+                                               models if trained is None else trained, example)
         precision = precision.place(models, example)
         threads = self.env.threads or "?"
         if self.env.check_neighbours:

@@ -14,6 +14,7 @@ from PIL import Image
 
 from compress.distill.report import epoch_passing
 from compress.training.checkpoint import read_weights
+from compress.training.precision import cpu_bf16_support
 from conftest import compress_subprocess, fault_subprocess, invoke
 
 pytestmark = pytest.mark.e2e
@@ -347,3 +348,20 @@ def test_the_log_says_why_fewer_views_are_used_and_when_no_loss_runs_the_teacher
     proc = distill(run, tiny_config, "distill.kd.weight=0", "distill.cosine.weight=0", in_process=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "the teacher is not run: no loss needs it" in proc.stderr and "runs on every batch" not in proc.stderr
+
+
+def test_the_students_layers_decide_how_it_trains_not_the_teachers(tmp_path, tiny_config):
+    """train.precision auto keeps models built on depthwise convolutions in fp32 on a CPU (bf16 trains them
+    slower); in distill the teacher only runs forward, so a MobileNet teacher leaves a dense student in bf16."""
+    run = tmp_path / "run"
+    result = invoke("run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher,distill",
+                    "--set", "model.teacher=torchvision:mobilenet_v3_small", "--set", "teacher.epochs=1",
+                    "--set", "distill.epochs=1", "--set", "distill.hint.weight=0")
+    assert result.exit_code == 0, result.output
+    stages = json.loads((run / "manifest.json").read_text())["stages"]
+    teacher, distilled = stages["teacher"]["metrics"], stages["distill"]["metrics"]
+    if cpu_bf16_support():
+        assert teacher["precision"] == "fp32" and "depthwise convolutions" in teacher["precision_reason"], teacher
+        assert distilled["precision"] == "bf16", distilled["precision_reason"]
+    else:
+        assert distilled["precision_reason"].endswith("no native bf16 (no avx512_bf16 or amx_bf16), so fp32")
