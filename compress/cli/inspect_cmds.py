@@ -21,8 +21,10 @@ def _existing_run(run_dir, command):
         if not os.path.isfile(os.path.join(DEFAULT_RUN, "manifest.json")):
             found = runs_here()
             if found:
+                more = f" and {len(found) - 5} more" if len(found) > 5 else ""
                 raise InputError(f"no run directory given, and {DEFAULT_RUN} holds no run; pass one, e.g. "
-                                 f"compress {command} {found[0]} (runs here: {', '.join(found)})")
+                                 f"compress {command} {found[0]} (runs here, the latest first: "
+                                 f"{', '.join(found[:5])}{more})")
             raise InputError(f"no run directory given, and there is no run in {os.path.dirname(DEFAULT_RUN)}/ here; "
                              f"pass the folder a run wrote (its --run-dir): compress {command} RUN_DIR")
         run_dir = DEFAULT_RUN

@@ -27,14 +27,19 @@ def run_of(path):
 RUNS_FOLDER = "artifacts"  # where `compress run` puts a run it is not given a --run-dir for
 
 
-def runs_here(limit=5):
-    """Up to `limit` run directories under ./artifacts/ (folders holding a manifest.json), by name."""
+def runs_here():
+    """The run directories under ./artifacts/ (folders holding a manifest.json), the most recently run first."""
     try:
-        names = sorted(e.name for e in os.scandir(RUNS_FOLDER) if e.is_dir(follow_symlinks=False))
+        folders = [e.path for e in os.scandir(RUNS_FOLDER) if e.is_dir(follow_symlinks=False)]
     except OSError:
         return []
-    return [os.path.join(RUNS_FOLDER, n) for n in names
-            if os.path.isfile(os.path.join(RUNS_FOLDER, n, "manifest.json"))][:limit]
+    runs = []
+    for folder in folders:
+        try:
+            runs.append((-os.stat(os.path.join(folder, "manifest.json")).st_mtime, folder))
+        except OSError:  # no manifest: not a run
+            continue
+    return [folder for _, folder in sorted(runs)]
 
 
 def run_hint(path):

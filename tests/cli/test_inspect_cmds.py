@@ -96,8 +96,23 @@ def test_a_run_named_as_run_names_it_is_found_under_artifacts(finished_run, tmp_
     monkeypatch.chdir(tmp_path)
     shutil.copytree(finished_run, tmp_path / "artifacts" / "photos")
     shown = invoke("show")
-    assert shown.exit_code == 2 and "e.g. compress show artifacts/photos (runs here: artifacts/photos)" in shown.stderr
+    assert shown.exit_code == 2 and "e.g. compress show artifacts/photos (runs here, the latest first: " \
+        "artifacts/photos)" in shown.stderr, shown.stderr
     for args in (["show", "photos"], ["predict", "photos", "x.png"], ["bench", "photos"],
                  ["stages", "--run-dir", "photos"]):
         result = invoke(*args)
         assert result.exit_code == 2 and "did you mean artifacts/photos?" in result.stderr, (args, result.output)
+
+
+def test_show_without_a_run_suggests_the_latest_run_and_counts_those_it_does_not_list(finished_run, tmp_path,
+                                                                                   monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for i in range(7):  # a manifest is what makes a folder a run; the latest first, whatever the names
+        (tmp_path / "artifacts" / f"run{i}").mkdir(parents=True)
+        manifest = tmp_path / "artifacts" / f"run{i}" / "manifest.json"
+        manifest.write_bytes((finished_run / "manifest.json").read_bytes())
+        os.utime(manifest, (1_000_000 + i, 1_000_000 + i))
+    shown = invoke("show")
+    assert shown.exit_code == 2, shown.output
+    assert "e.g. compress show artifacts/run6 (runs here, the latest first: artifacts/run6, artifacts/run5, " \
+           "artifacts/run4, artifacts/run3, artifacts/run2 and 2 more)" in shown.stderr, shown.stderr
