@@ -44,7 +44,8 @@ def _existing_run(run_dir, command):
 @debug_option
 def show(run_dir):
     """Status of every stage in a run directory (default: artifacts/default), its key metrics, and its files
-    checked against sha256.
+    checked against sha256. Read from the run directory alone: whether your images, weights files or code changed
+    since is what `compress run --dry-run` checks.
 
     \b
     Example:
@@ -129,6 +130,9 @@ def _show_results(run, stages, states, manifest):
         why.append("from an export.json changed since export wrote it")
     said = f"deploy ({', '.join(why)})" if why else "deploy"
     echo(f"{said} export/{verdict.file}: {verdict.why}")
+    chance = ((manifest["stages"].get("export") or {}).get("metrics") or {}).get("near_chance")
+    if chance and isinstance(chance, str):
+        echo(f"warning: {one_line(chance)}")
 
 
 def _short(value):

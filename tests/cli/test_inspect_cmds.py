@@ -116,3 +116,16 @@ def test_show_without_a_run_suggests_the_latest_run_and_counts_those_it_does_not
     assert shown.exit_code == 2, shown.output
     assert "e.g. compress show artifacts/run6 (runs here, the latest first: artifacts/run6, artifacts/run5, " \
            "artifacts/run4, artifacts/run3, artifacts/run2 and 2 more)" in shown.stderr, shown.stderr
+
+
+def test_show_carries_the_exports_warning_that_the_file_to_deploy_is_hardly_better_than_chance(run_copy):
+    import json
+
+    assert "warning:" not in invoke("show", run_copy).output
+    manifest = json.loads((run_copy / "manifest.json").read_text())
+    said = "the file to deploy, model.int8.onnx, scores 11.00% on the validation images, hardly better than chance"
+    manifest["stages"]["export"]["metrics"]["near_chance"] = said  # as export records it for such a file
+    (run_copy / "manifest.json").write_text(json.dumps(manifest))
+    shown = invoke("show", run_copy)
+    assert shown.exit_code == 0, shown.output
+    assert f"warning: {said}" in shown.output
