@@ -136,16 +136,39 @@ def manifest_metrics(report):
         out["cpus_busy_while_timing"] = r.cpus_busy_while_timing
     for runtime, tables in list(r.runtimes.items())[1:]:  # the deciding runtime's figures are the table's
         threads = max(c.threads for c in tables["fp32"])
-        ms = {k: next((c.ms for c in tables.get(k, []) if (c.batch, c.threads) == (s.batch, threads)), None)
-              for k in ("fp32", "int8")}
-        if None not in ms.values():
-            out.setdefault("other_runtimes", {})[runtime] = {"batch": s.batch, "threads": threads, **ms}
+        cells = {k: next((c for c in tables.get(k, []) if (c.batch, c.threads) == (s.batch, threads)), None)
+                 for k in ("fp32", "int8")}
+        if None not in cells.values():
+            out.setdefault("other_runtimes", {})[runtime] = {"batch": s.batch, "threads": threads,
+                                                             **{k: c.ms for k, c in cells.items()},
+                                                             **round_ratios(cells["fp32"], cells["int8"])}
     if r.ptq is not None:
         pair = r.ptq.vs_qat
         out.update(ptq_onnx_acc=r.ptq.onnx_acc, ptq_bytes=r.size_bytes["ptq"],
                    qat_minus_ptq_points=round(r.int8.onnx_acc - r.ptq.onnx_acc, 4), qat_only_right=pair.only_first,
                    ptq_only_right=pair.only_second, qat_vs_ptq_p=pair.p, val_images=r.int8.samples)
     return out
+
+
+def round_ratios(fp32, int8):
+    """{'round_ratios': [min, max]} of int8's speed-up over fp32 in each interleaved round of one latency cell
+    (the files take turns within a round, so a round's pair saw the same machine), or {} without per-round figures."""
+    pairs = list(zip(fp32.round_ms or [], int8.round_ms or []))
+    ratios = [f / i for f, i in pairs if f and i]
+    return {"round_ratios": [round(min(ratios), 3), round(max(ratios), 3)]} if len(ratios) >= 2 else {}
+
+
+def _spread_note(t, runtime):
+    """' Its rounds disagreed ...' when one runtime's interleaved rounds put int8 on both sides of fp32 or more
+    than 25 % apart: one figure would mislead, so the note says how far and how to time again."""
+    ratios = t.get("round_ratios")  # the manifest is a file a user can edit: anything else gives no note
+    if not (isinstance(ratios, list) and len(ratios) == 2 and all(type(r) in (int, float) and r > 0 for r in ratios)):
+        return ""
+    low, high = ratios
+    if not (low < 1 < high or high / low > 1.25):
+        return ""
+    return (f" Its rounds disagreed (int8 {speedup_text(low)} to {speedup_text(high)} in one round or another): "
+            f"time the files again with `compress bench <run directory> --runtime {runtime}` on a quiet machine.")
 
 
 def summary_line(report):
@@ -193,7 +216,7 @@ def report_notes(m):
     for runtime, t in m.get("other_runtimes", {}).items():
         notes.append(f"In {label(runtime)} (batch {t['batch']}, {threads_text(t['threads'])}): int8 {t['int8']:.3f} ms "
                      f"against fp32 {t['fp32']:.3f} ms ({speedup_text(t['fp32'] / t['int8'])}); the verdict weighs "
-                     f"{label(m['speed_runtime'])}'s timings.")
+                     f"{label(m['speed_runtime'])}'s timings." + _spread_note(t, runtime))
     notes.extend(fewer_threads_notes(m))
     if m.get("cpus_busy_while_timing", 0) >= BUSY:
         note = busy_note(m["cpus_busy_while_timing"], "<run directory>/export")

@@ -166,3 +166,31 @@ def test_a_damaged_latency_figure_in_the_manifest_gives_no_threads_note_and_no_e
     for m in ({"deploy": "model.int8.onnx", "latency_ms": {"int8": [1, 2]}}, {"deploy": 3, "latency_ms": {}},
               {"deploy": "model.int8.onnx", "latency_ms": "fast"}):
         assert fewer_threads_notes(m) == []
+
+
+def test_another_runtimes_line_says_when_its_interleaved_rounds_disagree():
+    """A second runtime's int8-vs-fp32 line is one figure from a few interleaved rounds; where those rounds put int8
+    on both sides of fp32 (or over 25 % apart) the report says so and how to time again, instead of one figure."""
+    from compress.deploy.export_report import LatencyCell
+    from compress.quant.verdict import report_notes, round_ratios
+
+    def cell(rounds):
+        return LatencyCell(64, 2, sorted(rounds)[len(rounds) // 2], 1.0, round_ms=rounds)
+
+    steady = round_ratios(cell([3.7, 3.8, 3.9]), cell([2.0, 2.1, 2.0]))
+    assert steady == {"round_ratios": [1.81, 1.95]}
+    split = round_ratios(cell([9.2, 3.9, 11.5]), cell([6.8, 4.0, 9.1]))  # 1.35x, 0.98x, 1.26x
+    assert split == {"round_ratios": [0.975, 1.353]}
+    assert round_ratios(cell([3.7]), cell([2.0])) == {}
+    assert round_ratios(LatencyCell(64, 2, 3.7, 1.0), cell([1, 2])) == {}
+    m = {"deploy": "model.int8.onnx", "deploy_why": "faster", "speed_runtime": "onnxruntime"}
+    line = {"batch": 64, "threads": 2, "fp32": 3.72, "int8": 3.84}
+    quiet = [n for n in report_notes({**m, "other_runtimes": {"openvino": {**line, **steady}}}) if "OpenVINO" in n]
+    assert quiet and "disagreed" not in quiet[0]
+    noisy = [n for n in report_notes({**m, "other_runtimes": {"openvino": {**line, **split}}}) if "OpenVINO" in n]
+    assert noisy[0].endswith("Its rounds disagreed (int8 1.03x slower to 1.35x faster in one round or another): time "
+                             "the files again with `compress bench <run directory> --runtime openvino` on a quiet "
+                             "machine."), noisy
+    for damaged in ("x", [0, 2], [1.0], [True, 2.0]):
+        notes = report_notes({**m, "other_runtimes": {"openvino": {**line, "round_ratios": damaged}}})
+        assert not any("disagreed" in n for n in notes), damaged
