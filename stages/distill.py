@@ -111,12 +111,9 @@ def run(ctx):
         save_weights(ctx.run.path(OUTPUTS["model"]), student.student,
                      ctx.weights_metadata(cfg.model.student, data, parent=ctx.input_sha256("teacher", "model")))
     baseline = _train_baseline(ctx, data, labelled, val, precision) if d.baseline else None
-    if baseline and env.is_main and teacher_acc < baseline[-1]["val_acc"]:
-        apart = round((baseline[-1]["val_acc"] - teacher_acc) * len(data.val) / 100)
-        log.warning("distill: the teacher (%.2f%%) scored below the student trained alone (%.2f%%, %d validation "
-                    "image(s) more right): it may have less to teach than the labels; a stronger teacher (more "
-                    "teacher.epochs, a larger model.teacher) is likely to help more than any distillation setting",
-                    teacher_acc, baseline[-1]["val_acc"], apart)
+    below = report.teacher_below_alone(teacher_acc, baseline[-1]["val_acc"], len(data.val)) if baseline else ""
+    if below and env.is_main:
+        log.warning("distill: %s", below)
     result = _result(cfg, history, baseline, teacher_acc, student, teacher, replicas, precision, teacher_outputs,
                      labelled, len(train_set) - len(labelled))
     if baseline:  # is the gain beyond noise on these images? the exact McNemar test, as export does for QAT vs PTQ

@@ -32,6 +32,17 @@ def paired_students(env, val, distilled, alone):
             "gain_p": mcnemar_p(only_first, only_second)}
 
 
+def teacher_below_alone(teacher_acc, alone_acc, images):
+    """The warning when the teacher scored below the student trained alone on the `images` validation images, with
+    the gap in images and as a likelihood (the report's paired test decides what is noise), else ''."""
+    if teacher_acc >= alone_acc:
+        return ""
+    apart = round((alone_acc - teacher_acc) * images / 100)
+    return (f"the teacher ({teacher_acc:.2f}%) scored below the student trained alone ({alone_acc:.2f}%, {apart} "
+            "validation image(s) more right): it may have less to teach than the labels; a stronger teacher (more "
+            "teacher.epochs, a larger model.teacher) is likely to help more than any distillation setting")
+
+
 def epoch_passing(history, accuracy):
     """The epoch (1-based) from which the validation accuracy stays at or above `accuracy` to the end, or None:
     not the first crossing, which a noisy epoch can make early."""
