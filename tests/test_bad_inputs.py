@@ -389,7 +389,8 @@ CASES = {
         "module 'compress.models.registry' has no function 'nothing'"),
     "model: module that does not import": (
         lambda r, t: None, lambda r, t: ["run", "--run-dir", r, "--set", "model.student=no_such_module:build"],
-        "cannot import module 'no_such_module'"),
+        "cannot import module 'no_such_module' for model 'no_such_module:build' (No module named 'no_such_module'); a "
+        "model is a registry name (compress models), torchvision:<builder>, or <module>:<function>"),
     "model: function that returns no nn.Module": (
         lambda r, t: None,
         lambda r, t: ["run", "--run-dir", r, "--stages", "distill", "--set", "model.student=collections:OrderedDict"],

@@ -36,8 +36,9 @@ def user_function(name):
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise InputError(f"cannot import module '{module_name}' for model '{name}' ({e}); run compress from the "
-                         "folder that holds it, or install it") from None
+        raise InputError(f"cannot import module '{module_name}' for model '{name}' ({e}); a model is a registry name "
+                         "(compress models), torchvision:<builder>, or <module>:<function> of a Python file of yours: "
+                         "run compress from the folder that holds it, or install its package") from None
     except Exception as e:  # the user's module failed while importing: say where
         raise InputError(f"importing '{module_name}' for model '{name}' failed ({e.__class__.__name__}: "
                          f"{str(e)[:160]})") from None

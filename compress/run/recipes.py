@@ -1,6 +1,7 @@
 """The shipped recipes (the repository's configs/*.yaml, installed as the package `compress.recipes`): found by
 name - or by their repository path - from any folder, so `compress run -c cifar10` works outside a clone."""
 
+import difflib
 import importlib.resources
 import os
 
@@ -55,5 +56,7 @@ def resolve(value):
     found = path_of(stem) if stem and (value == stem or value.endswith((".yaml", ".yml"))) else None
     if found:
         return found, ("" if value == stem else f"{value} is not here; using the shipped recipe '{stem}'")
-    raise InputError(f"config file '{value}' not found, and it names no shipped recipe; pass an existing YAML file, "
-                     f"or one of the recipes: {', '.join(names())} (compress config --list)")
+    near = difflib.get_close_matches(stem, names(), n=1, cutoff=0.6)
+    guess = f"did you mean '{near[0]}'? " if near else ""
+    raise InputError(f"config file '{value}' not found, and it names no shipped recipe; {guess}pass an existing YAML "
+                     f"file, or one of the recipes: {', '.join(names())} (compress config --list)")

@@ -36,7 +36,8 @@ def test_recipes_work_by_name_and_by_their_repository_path_from_any_folder(tmp_p
     for line in listing.splitlines():  # each description is a whole sentence, or says it goes on
         assert line.rstrip().endswith((".", " ...")), line
     missing = compress_subprocess("run", "-c", "cifar11", cwd=tmp_path)
-    assert missing.returncode == 2 and "not found, and it names no shipped recipe" in missing.stderr
+    assert missing.returncode == 2 and "not found, and it names no shipped recipe; did you mean 'cifar10'?" in \
+        missing.stderr
     assert "cifar10, cifar10-tutorial, default" in missing.stderr and not list(tmp_path.iterdir())
 
 
