@@ -24,6 +24,7 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
             found.append(f"data.{key}: the run directory '{run_root}' is inside '{folder}', where its files would "
                          "be read as images; pass --run-dir outside it (or start compress from another folder)")
     found.extend(_root_problems(data, run_root))
+    found.extend(_normalisation_problems(data))
     from compress.models.registry import source_problem
 
     for key, name in (("model.teacher", cfg.model.teacher), ("model.student", cfg.model.student)):
@@ -67,6 +68,18 @@ def problems(cfg, stage_names, world_size, run_root=None, download=True):
     found.extend(_worker_problems(cfg, stage_names))
     found.extend(_batch_problems(cfg, stage_names, world_size))
     return found
+
+
+def _normalisation_problems(data):
+    """data.mean/std of another length than the images' channels (known without reading an image), said before
+    any image is decoded rather than after."""
+    from compress.data.registry import input_shape_of
+
+    channels = input_shape_of(data)[0]
+    if data.mean is None or len(data.mean) == channels:  # the config's own checks: std is given alike
+        return []
+    return [f"data.mean/std have {len(data.mean)} values but the images have {channels} channel(s); give one value "
+            "per channel, or null to compute them from the training images"]
 
 
 def _worker_problems(cfg, stage_names):

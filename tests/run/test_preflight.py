@@ -263,3 +263,15 @@ def test_a_dry_run_refuses_device_cuda_without_a_cuda_device_as_the_run_does(tmp
     ran = invoke("run", "--run-dir", tmp_path / "run", "--device", "cuda")  # one process: in the same words
     assert ran.exit_code == 2 and "error: config error: train.device (--device): cuda was asked for" in ran.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_mean_and_std_for_other_channels_are_refused_by_the_dry_run_before_any_image_is_read(tmp_path):
+    """The built-in digits have one channel: three means are refused up front (dry run and run alike), not after
+    the images are loaded and the teacher stage has begun."""
+    settings = ["--set", "data.mean=[0.5, 0.5, 0.5]", "--set", "data.std=[0.2, 0.2, 0.2]"]
+    for dry in (["--dry-run"], []):
+        result = invoke("run", *dry, "--run-dir", tmp_path / "run", *settings)
+        assert result.exit_code == 2, result.output
+        assert "data.mean/std have 3 values but the images have 1 channel(s); give one value per channel" in \
+            result.stderr
+        assert "teacher: running" not in result.stderr and not (tmp_path / "run").exists()
