@@ -68,7 +68,7 @@ def show(run_dir):
             state, detail = "running now", f"{holder}, since {entry.get('started', '?')}"
         line = f"{name:8} {state}" + (f" ({one_line(detail)})" if detail else "")
         if entry.get("seconds") is not None and state != "not run":
-            line += f"  {entry['seconds']:.1f}s, {entry.get('world_size', 1)} process(es)"
+            line += f"  {entry['seconds']:.1f}s, {_processes(entry)} process(es)"
         echo(line)
         if name in drift:
             echo(f"         config.yaml changed since it ran ({', '.join(drift[name][:4])}): the next `compress run "
@@ -133,6 +133,14 @@ def _show_results(run, stages, states, manifest):
     chance = ((manifest["stages"].get("export") or {}).get("metrics") or {}).get("near_chance")
     if chance and isinstance(chance, str):
         echo(f"warning: {one_line(chance)}")
+
+
+def _processes(entry):
+    """'2' or, for a stage resumed with another number of processes, '2, then 1'."""
+    worlds = (entry.get("metrics") or {}).get("world_sizes")
+    if isinstance(worlds, list) and len(worlds) > 1 and all(type(w) is int for w in worlds):
+        return ", then ".join(str(w) for w in worlds)
+    return str(entry.get("world_size", 1))
 
 
 def _short(value):

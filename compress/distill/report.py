@@ -55,6 +55,16 @@ def epoch_passing(history, accuracy):
     return passing
 
 
+def mixed_processes_note(m):
+    """A sentence when the stage was resumed on another number of processes (its metrics' `world_sizes`), else ''."""
+    worlds = m.get("world_sizes")
+    if not (isinstance(worlds, list) and len(worlds) > 1 and all(type(w) is int for w in worlds)):
+        return ""
+    return (f" The stage was resumed on another number of processes ({', then '.join(map(str, worlds))}): the "
+            "students saw the same images in the same order, but sums over other processes round otherwise and the "
+            "results drift as with another seed, so a gap within noise may be that alone.")
+
+
 def gain_notes(m, method, refresh="compress run", alone_shipped=False):
     """The report's sentences on what distilling gained, from the distill stage's metrics `m` ([] without a
     student alone); `method` is the logit loss's label."""
@@ -72,6 +82,7 @@ def gain_notes(m, method, refresh="compress run", alone_shipped=False):
     if m.get("mix", "none") != "none":  # the same augmentation for both, but mixing can handicap the one alone
         extra += (f" Both students trained on {m['mix']}-mixed images, which can cost a student trained alone points "
                   f"of its own: the student alone of a run with distill.mix=none is the one to beat.")
+    extra += mixed_processes_note(m)
     moved = f"gained {m['gain_points']:.2f}" if m["gain_points"] >= 0 else f"lost {-m['gain_points']:.2f}"
     return [f"Distillation ({method}) {moved} points: the distilled student reaches "
             f"{m['val_acc']:.2f}%, the same student trained alone ({same}) {m['baseline_val_acc']:.2f}%; the teacher "

@@ -10,7 +10,7 @@ checked against the sha256 the manifest recorded for them.
 import importlib.util
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -57,6 +57,9 @@ class StageContext:
     state: StageState
     begin: Callable = lambda: None  # call (every rank) after loading inputs, before writing anything
     rank0_only: bool = False  # the stage runs on rank 0 alone (export): no collective may be used
+    # per part ('' the main model): the process counts that trained it so far, in order, read back from its resume
+    # checkpoint - a stage resumed with another count records them all (`world_sizes`)
+    trained_by: dict = field(default_factory=dict)
 
     @property
     def stage(self):
@@ -156,7 +159,9 @@ class StageContext:
         every checkpoint (QAT's float-layer choice)."""
         env, name = self.env, f"{self.stage} {part}" if part else self.stage
         path = self.run.path(checkpoint_rel(self.stage, part))
-        resume = self._restore(self.state.resume_of(part), path, modules, optimizer, steps_per_epoch, epochs, name)
+        self.trained_by.setdefault(part, [])
+        resume = self._restore(self.state.resume_of(part), path, modules, optimizer, steps_per_epoch, epochs, name,
+                               part)
 
         def save(epoch, step, history, sums):  # every rank calls this at the same step
             if sums is not None:
@@ -166,6 +171,7 @@ class StageContext:
                     "stage": self.stage, "config_hash": self.state.config_hash, "result_hash": self.state.result_hash,
                     "inputs": self.state.inputs,
                     "epoch": epoch, "step": step, "history": history, "running": sums, "world_size": env.world,
+                    "world_sizes": self._counts(part),
                     "threads": torch.get_num_threads(),
                     "best_val_acc": max((h["val_acc"] for h in history), default=None),
                     # the learning rate is a pure function of the global step and the RNG is re-seeded from
@@ -185,11 +191,28 @@ class StageContext:
                        self.cfg.train.checkpoint_every, log_epoch, self.cfg.train.progress,
                        clip_grad_norm=self.cfg.train.clip_grad_norm)
 
-    def _restore(self, point, path, modules, optimizer, steps_per_epoch, epochs, name):
+    def _counts(self, part):
+        """The process counts that trained `part` so far, this run's last."""
+        return _add(self.trained_by.get(part, []), self.env.world)
+
+    def world_sizes(self):
+        """The process counts that trained this stage's parts, in order ([] when it trained nothing)."""
+        counts = []
+        for part in self.trained_by:
+            for world in self._counts(part):
+                if world not in counts:
+                    counts.append(world)
+        return counts
+
+    def _restore(self, point, path, modules, optimizer, steps_per_epoch, epochs, name, part=""):
         if point is None:
             return ResumePoint()
         state = load_training_state(path, modules, optimizer)
         validate_resume_state(state, path, epochs, steps_per_epoch)
+        earlier = state.get("world_sizes")
+        if not isinstance(earlier, list):  # a checkpoint from before they were kept: the count that wrote it
+            earlier = [state.get("world_size")]
+        self.trained_by[part] = [w for w in earlier if type(w) is int and w >= 1]
         same_step = state["step"] == point.step
         if self.env.is_main:
             where = ("after its last epoch" if point.epoch >= epochs
@@ -203,6 +226,10 @@ class StageContext:
         # the epoch's running sums are global, counted on rank 0; they count only if we resume at their step
         running = state.get("running") if self.env.is_main and same_step else None
         return ResumePoint(point.epoch, point.step, state["history"], running)
+
+
+def _add(counts, world):
+    return counts + [world] if not counts or counts[-1] != world else counts
 
 
 _crowding_checked = []  # once per process: the first training stage looks, the later ones would repeat it

@@ -388,7 +388,9 @@ def _run_stage(run, cfg, env, spec, stage_state, writer):
         this = state.this_run()  # the clock read once: the log and the manifest say the same time
         total = round(state.earlier + this, 2)
         outputs = {rel: sha256_file(run.path(rel)) for rel in result.outputs}
-        run.update_stage(name, status="complete", outputs=outputs, metrics=result.metrics, finished=now(),
+        worlds = ctx.world_sizes()  # resumed with another number of processes: every count, in order
+        metrics = {**result.metrics, "world_sizes": worlds} if len(worlds) > 1 else result.metrics
+        run.update_stage(name, status="complete", outputs=outputs, metrics=metrics, finished=now(),
                          seconds=total, resumed=stage_state.action == "resume")
         log.info("%s: done in %.1fs%s - %s", name, this,
                  f" ({total:.1f}s in all, with the run it resumed)" if state.earlier else "", result.summary)

@@ -62,3 +62,12 @@ def test_the_report_names_every_loss_that_used_the_teacher_and_says_when_the_stu
     note = report_notes({"metrics": {**m, "losses": ["ce", "hint"]}})[0]
     assert note.startswith("Distillation (FitNets hint) gained")
     assert "the two students answer every validation image alike" in note and "within noise" not in note
+
+
+def test_the_gain_note_says_when_the_stage_was_resumed_on_another_number_of_processes():
+    m = {"kd_method": "standardized", "val_acc": 74.0, "baseline_val_acc": 73.8, "teacher_val_acc": 80.0,
+         "gain_points": 0.2, "epochs": 4}
+    said = "The stage was resumed on another number of processes (2, then 1)"
+    assert said in report_notes({"metrics": {**m, "world_sizes": [2, 1]}})[0]
+    for quiet in ({}, {"world_sizes": [2]}, {"world_sizes": "2,1"}, {"world_sizes": [2, "1"]}):
+        assert "resumed on another number" not in report_notes({"metrics": {**m, **quiet}})[0]

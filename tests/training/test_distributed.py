@@ -357,3 +357,21 @@ def test_the_suggested_command_is_launched_as_this_run_was():
     assert run_command(by_hand) == "compress run --nproc-per-node 4"  # torchrun on one node: the same launch
     assert run_command({**by_hand, "LOCAL_WORLD_SIZE": "2"}) == "torchrun ... -m compress run"  # two nodes
     assert run_command({"RANK": "1"}) == "compress run"  # a stray RANK is no launch
+
+
+def test_a_stage_resumed_on_another_number_of_processes_records_both_counts(tiny_config, tmp_path):
+    """Ctrl-C on one process, resumed on two: the manifest, `compress show` and the checkpoint keep both counts
+    (the log alone said so), since the count moves the result like another seed's."""
+    from conftest import fault_subprocess
+
+    run = tmp_path / "run"
+    args = ["run", "-c", tiny_config, "--run-dir", run, "--stages", "teacher"]
+    stopped = fault_subprocess(*args, fault="teacher:1:5:sigint")
+    assert stopped.returncode == 130, stopped.stderr
+    resumed = compress_subprocess(*args, "--nproc-per-node", "2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "written by 1 process, resumed by 2" in resumed.stderr
+    metrics = json.loads((run / "manifest.json").read_text())["stages"]["teacher"]["metrics"]
+    assert metrics["world_sizes"] == [1, 2], metrics
+    shown = compress_subprocess("show", run)
+    assert re.search(r"teacher  complete  \d+\.\ds, 1, then 2 process\(es\)", shown.stdout), shown.stdout
