@@ -70,6 +70,26 @@ MUTATIONS = [
      "        if False and (",
      ["tests/run/test_config.py::test_a_stage_sees_only_its_config_keys_and_train",
       "tests/run/test_config.py::test_the_pipeline_hands_each_stage_the_view_so_an_undeclared_read_fails"]),
+    ("stop-between-candidates", "a stop request between float-layer candidates is swallowed",
+     "compress/quant/mixed_precision.py", "        if stop:\n            stop()\n",
+     "        if stop:\n            try:\n                stop()\n            except KeyboardInterrupt:\n"
+     "                pass\n",
+     ["tests/quant/test_mixed_precision.py::test_a_stop_request_is_honoured_between_candidates"]),
+    ("onnxruntime-only", "export times onnxruntime only, though OpenVINO is installed", "compress/deploy/runtimes.py",
+     "    return [FIRST] + [name for name, r in RUNTIMES.items() if name != FIRST and r.default and r.available()]",
+     "    return [FIRST]",
+     ["tests/test_cpus.py::test_export_says_its_timings_are_noisy_beside_a_busy_neighbour_and_shows_every_runtime"]),
+    ("resume-optimizer", "a resumed stage drops the optimizer's state", "compress/training/checkpoint.py",
+     'optimizer.load_state_dict({"state": state, "param_groups"',
+     'optimizer.load_state_dict({"state": {}, "param_groups"',
+     ["tests/training/test_loop.py::test_kill_9_in_each_training_stage_then_resume_is_bit_identical"]),
+    ("predict-tie", "predict breaks a top-1 tie by numpy's default sort", "compress/deploy/evaluate.py",
+     'order = np.argsort(-p, kind="stable")[:top_k]', "order = np.argsort(-p)[:top_k]",
+     ["tests/deploy/test_hostile_onnx.py::test_predict_and_eval_break_a_tie_for_top_1_alike"]),
+    ("world-sizes", "a stage resumed on another process count records only the last", "compress/run/pipeline.py",
+     '        metrics = {**result.metrics, "world_sizes": worlds} if len(worlds) > 1 else result.metrics',
+     "        metrics = result.metrics",
+     ["tests/training/test_distributed.py::test_a_stage_resumed_on_another_number_of_processes_records_both_counts"]),
 ]
 
 
