@@ -193,7 +193,8 @@ class StageContext:
 
     def _counts(self, part):
         """The process counts that trained `part` so far, this run's last."""
-        return _add(self.trained_by.get(part, []), self.env.world)
+        counts = self.trained_by.get(part, [])
+        return counts if counts[-1:] == [self.env.world] else counts + [self.env.world]
 
     def world_sizes(self):
         """The process counts that trained this stage's parts, in order ([] when it trained nothing)."""
@@ -226,10 +227,6 @@ class StageContext:
         # the epoch's running sums are global, counted on rank 0; they count only if we resume at their step
         running = state.get("running") if self.env.is_main and same_step else None
         return ResumePoint(point.epoch, point.step, state["history"], running)
-
-
-def _add(counts, world):
-    return counts + [world] if not counts or counts[-1] != world else counts
 
 
 _crowding_checked = []  # once per process: the first training stage looks, the later ones would repeat it
